@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The one test command (README, .ci/run). It prepares everything a fresh machine lacks:
+# a running PostgreSQL with a `test` database reachable on 127.0.0.1:5432, the Node
+# Socket.IO test client (npm ci), Debian's python3-socketio, then runs the Go suite with -race.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '== %s\n' "$*" >&2; }
+
+apt_updated=0
+apt_install() {
+  if [ "$apt_updated" = 0 ]; then
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
+    apt_updated=1
+  fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+: "${JOBLIB_TEST_DATABASE_URL:=postgres://postgres@127.0.0.1:5432/test?sslmode=disable}"
+export JOBLIB_TEST_DATABASE_URL
+
+ensure_postgres() {
+  if command -v pg_isready >/dev/null 2>&1 && pg_isready -q -h 127.0.0.1 -p 5432; then
+    :
+  else
+    if ! ls /etc/postgresql/*/main >/dev/null 2>&1; then
+      log "installing PostgreSQL"
+      apt_install postgresql postgresql-client
+    fi
+    ver=$(ls /etc/postgresql | sort -V | tail -n 1)
+    hba=/etc/postgresql/$ver/main/pg_hba.conf
+    # Tests connect over loopback as postgres without a password.
+    if ! grep -q '^host all all 127.0.0.1/32 trust' "$hba"; then
+      sed -i '1i host all all 127.0.0.1/32 trust\nhost all all ::1/128 trust' "$hba"
+    fi
+    log "starting PostgreSQL $ver"
+    pg_ctlcluster --skip-systemctl-redirect "$ver" main start || true
+    for _ in $(seq 1 60); do
+      pg_isready -q -h 127.0.0.1 -p 5432 && break
+      sleep 0.5
+    done
+    pg_isready -h 127.0.0.1 -p 5432
+  fi
+  if ! psql -h 127.0.0.1 -U postgres -d test -Atc 'select 1' >/dev/null 2>&1; then
+    log "creating database test"
+    psql -h 127.0.0.1 -U postgres -d postgres -c 'create database test' >/dev/null
+  fi
+}
+
+ensure_python_client() {
+  if ! /usr/bin/python3 -c 'import socketio, websocket, aiohttp, requests' >/dev/null 2>&1; then
+    log "installing Debian's python3-socketio"
+    apt_install python3-socketio python3-websocket python3-aiohttp python3-requests
+  fi
+}
+
+ensure_node_client() {
+  if ! command -v npm >/dev/null 2>&1; then
+    log "installing Node.js"
+    apt_install nodejs npm
+  fi
+  if [ -f server/testdata/node/package-lock.json ]; then
+    log "npm ci (Socket.IO test client)"
+    npm ci --prefix server/testdata/node --no-audit --no-fund --loglevel=error >/dev/null
+  fi
+}
+
+ensure_postgres
+ensure_python_client
+ensure_node_client
+
+export GOTOOLCHAIN=local
+log "go vet"
+go vet ./...
+log "go test -race"
+go test -race -timeout 30m -count=1 ./... "$@"
