@@ -1,0 +1,56 @@
+package events
+
+import (
+	"encoding/json"
+)
+
+// Emission is one event bound for one room.
+type Emission struct {
+	Room  string
+	Event Event
+}
+
+// Payload is the JSON object sent as the event's single argument.
+func (e Emission) Payload() json.RawMessage {
+	b, err := json.Marshal(e.Event)
+	if err != nil {
+		// Every Event type is a plain struct of JSON-safe fields.
+		panic("events: marshal " + e.Event.EventName() + ": " + err.Error())
+	}
+	return b
+}
+
+// Set collects the emissions of one transaction. Identical (room, event)
+// pairs are kept once; distinct events are never merged; order of first
+// insertion is preserved. The zero value is ready to use.
+type Set struct {
+	list []Emission
+	seen map[string]struct{}
+}
+
+// Add records an event for a room unless the same pair is already in the set.
+func (s *Set) Add(room string, ev Event) {
+	em := Emission{Room: room, Event: ev}
+	key := room + "\x00" + ev.EventName() + "\x00" + string(em.Payload())
+	if s.seen == nil {
+		s.seen = map[string]struct{}{}
+	}
+	if _, dup := s.seen[key]; dup {
+		return
+	}
+	s.seen[key] = struct{}{}
+	s.list = append(s.list, em)
+}
+
+// Merge adds every emission of o.
+func (s *Set) Merge(o *Set) {
+	for _, e := range o.list {
+		s.Add(e.Room, e.Event)
+	}
+}
+
+// List returns the emissions in insertion order.
+func (s *Set) List() []Emission { return s.list }
+
+// Len is the number of distinct emissions.
+func (s *Set) Len() int { return len(s.list) }

@@ -1,0 +1,104 @@
+package events
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// Event is one server→client event. Its payload is the JSON encoding of the
+// value, always a single object with every field present.
+type Event interface {
+	// EventName is the Socket.IO wire name (snake_case of the contract's class name).
+	EventName() string
+}
+
+// Room names. Frontends of a room listen on Room(id); workers serving a job on
+// JobRoom(fullName); clients serving a provider on ProviderRoom(fullName).
+func Room(roomID string) string           { return "room:" + roomID }
+func JobRoom(fullName string) string      { return "jobs:" + fullName }
+func ProviderRoom(fullName string) string { return "providers:" + fullName }
+
+// JobsInvalidate tells a room's UIs that its job list (or a job's workers) changed.
+type JobsInvalidate struct{}
+
+// TaskAvailable tells the workers of a job that a task was submitted.
+type TaskAvailable struct {
+	JobName string `json:"job_name"`
+	RoomID  string `json:"room_id"`
+	TaskID  string `json:"task_id"`
+}
+
+// TaskStatusEvent carries a task's new state to the room it was submitted to.
+type TaskStatusEvent struct {
+	ID            string  `json:"id"`
+	Name          string  `json:"name"`
+	RoomID        string  `json:"room_id"`
+	Status        string  `json:"status"`
+	CreatedAt     Time    `json:"created_at"`
+	StartedAt     Time    `json:"started_at"`
+	CompletedAt   Time    `json:"completed_at"`
+	QueuePosition *int64  `json:"queue_position"`
+	WorkerID      *string `json:"worker_id"`
+	Error         *string `json:"error"`
+}
+
+// ProvidersInvalidate tells a room's UIs that its provider list changed.
+type ProvidersInvalidate struct{}
+
+// ProviderRequest asks the clients serving a provider to produce a result.
+type ProviderRequest struct {
+	RequestID    string `json:"request_id"`
+	ProviderName string `json:"provider_name"`
+	Params       string `json:"params"`
+}
+
+// ProviderResultReady tells a room that a provider result was uploaded.
+type ProviderResultReady struct {
+	ProviderName string `json:"provider_name"`
+	RequestHash  string `json:"request_hash"`
+}
+
+func (JobsInvalidate) EventName() string      { return "jobs_invalidate" }
+func (TaskAvailable) EventName() string       { return "task_available" }
+func (TaskStatusEvent) EventName() string     { return "task_status_event" }
+func (ProvidersInvalidate) EventName() string { return "providers_invalidate" }
+func (ProviderRequest) EventName() string     { return "provider_request" }
+func (ProviderResultReady) EventName() string { return "provider_result_ready" }
+
+// Terminal reports whether a task status is final.
+func Terminal(status string) bool {
+	return status == "completed" || status == "failed" || status == "cancelled"
+}
+
+// Time is a timestamp on the wire: RFC 3339 in UTC with microseconds and a Z,
+// or null for the zero value.
+type Time struct{ time.Time }
+
+// TimeLayout is the wire format of Time.
+const TimeLayout = "2006-01-02T15:04:05.000000Z"
+
+// MarshalJSON implements json.Marshaler.
+func (t Time) MarshalJSON() ([]byte, error) {
+	if t.IsZero() {
+		return []byte("null"), nil
+	}
+	return []byte(`"` + t.UTC().Format(TimeLayout) + `"`), nil
+}
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (t *Time) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		t.Time = time.Time{}
+		return nil
+	}
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return err
+	}
+	p, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return err
+	}
+	t.Time = p.UTC()
+	return nil
+}

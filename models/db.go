@@ -1,0 +1,215 @@
+package models
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/glebarez/sqlite"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"gorm.io/driver/postgres"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+)
+
+// Dialect names the database family behind a DB.
+type Dialect string
+
+const (
+	// Postgres is PostgreSQL reached through pgx.
+	Postgres Dialect = "postgres"
+	// SQLite is the embedded, pure-Go SQLite used by default.
+	SQLite Dialect = "sqlite"
+)
+
+// DB is the handle to joblib's database. It is safe for concurrent use.
+type DB struct {
+	gorm    *gorm.DB
+	dialect Dialect
+	// Pool is the pgx pool shared by gorm and raw pgx work (LISTEN/NOTIFY,
+	// advisory locks). Nil on SQLite.
+	Pool *pgxpool.Pool
+	dsn  string
+}
+
+// OpenOptions tunes Open. The zero value is fine.
+type OpenOptions struct {
+	// Logger receives gorm's slow-query and error logs. Default: discard.
+	Logger *slog.Logger
+	// MaxConns caps the PostgreSQL pool. Default 20. SQLite always uses one
+	// connection: it has a single writer, and one connection keeps every
+	// transaction strictly serialised without busy retries.
+	MaxConns int32
+}
+
+// Open connects to the database named by rawURL: a postgres:// or postgresql://
+// URL selects PostgreSQL; anything else is a SQLite file path, optionally
+// prefixed with sqlite:// or file:. It does not run migrations (see Migrate).
+func Open(ctx context.Context, rawURL string, opts OpenOptions) (*DB, error) {
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	gcfg := &gorm.Config{
+		TranslateError: true,
+		Logger: logger.NewSlogLogger(log, logger.Config{
+			SlowThreshold:             time.Second,
+			IgnoreRecordNotFoundError: true,
+			LogLevel:                  logger.Warn,
+		}),
+		NowFunc: func() time.Time { return time.Now().UTC() },
+	}
+	if strings.HasPrefix(rawURL, "postgres://") || strings.HasPrefix(rawURL, "postgresql://") {
+		pcfg, err := pgxpool.ParseConfig(rawURL)
+		if err != nil {
+			return nil, fmt.Errorf("parse database url: %w", err)
+		}
+		pcfg.MaxConns = 20
+		if opts.MaxConns > 0 {
+			pcfg.MaxConns = opts.MaxConns
+		}
+		pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+		if err != nil {
+			return nil, fmt.Errorf("open postgres pool: %w", err)
+		}
+		if err := pool.Ping(ctx); err != nil {
+			pool.Close()
+			return nil, fmt.Errorf("connect to postgres: %w", err)
+		}
+		sqlDB := stdlib.OpenDBFromPool(pool)
+		g, err := gorm.Open(postgres.New(postgres.Config{Conn: sqlDB}), gcfg)
+		if err != nil {
+			pool.Close()
+			return nil, fmt.Errorf("open gorm on postgres: %w", err)
+		}
+		return &DB{gorm: g, dialect: Postgres, Pool: pool, dsn: rawURL}, nil
+	}
+
+	path := strings.TrimPrefix(strings.TrimPrefix(rawURL, "sqlite://"), "file:")
+	if path == "" {
+		return nil, errors.New("database url is empty")
+	}
+	if i := strings.IndexByte(path, '?'); i >= 0 {
+		path = path[:i]
+	}
+	q := url.Values{}
+	q.Add("_pragma", "foreign_keys(1)")
+	q.Add("_pragma", "journal_mode(WAL)")
+	q.Add("_pragma", "busy_timeout(10000)")
+	q.Add("_pragma", "synchronous(NORMAL)")
+	dsn := path + "?" + q.Encode()
+	g, err := gorm.Open(sqlite.Open(dsn), gcfg)
+	if err != nil {
+		return nil, fmt.Errorf("open sqlite %q: %w", path, err)
+	}
+	sqlDB, err := g.DB()
+	if err != nil {
+		return nil, fmt.Errorf("open sqlite %q: %w", path, err)
+	}
+	sqlDB.SetMaxOpenConns(1)
+	sqlDB.SetMaxIdleConns(1)
+	sqlDB.SetConnMaxLifetime(0)
+	if err := sqlDB.PingContext(ctx); err != nil {
+		return nil, fmt.Errorf("open sqlite %q: %w", path, err)
+	}
+	return &DB{gorm: g, dialect: SQLite, dsn: rawURL}, nil
+}
+
+// Dialect reports which database this is.
+func (db *DB) Dialect() Dialect { return db.dialect }
+
+// URL is the database URL the handle was opened with.
+func (db *DB) URL() string { return db.dsn }
+
+// Close releases every connection.
+func (db *DB) Close() error {
+	sqlDB, err := db.gorm.DB()
+	if err == nil {
+		err = sqlDB.Close()
+	}
+	if db.Pool != nil {
+		db.Pool.Close()
+	}
+	return err
+}
+
+// Ping checks that the database answers.
+func (db *DB) Ping(ctx context.Context) error {
+	var one int
+	return db.gorm.WithContext(ctx).Raw("SELECT 1").Scan(&one).Error
+}
+
+// Q is a query surface bound to either the pool or one transaction. Every
+// query joblib runs is a method of Q.
+type Q struct {
+	g *gorm.DB
+	d Dialect
+}
+
+// Q returns queries that run outside any transaction.
+func (db *DB) Q(ctx context.Context) *Q {
+	return &Q{g: db.gorm.WithContext(ctx), d: db.dialect}
+}
+
+// Tx runs fn in one transaction: committed when fn returns nil, rolled back
+// otherwise (and on panic).
+func (db *DB) Tx(ctx context.Context, fn func(q *Q) error) error {
+	err := db.gorm.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		return fn(&Q{g: tx, d: db.dialect})
+	})
+	return mapErr(err)
+}
+
+// Dialect reports which database the queries run on.
+func (q *Q) Dialect() Dialect { return q.d }
+
+// Sentinel errors returned by this package.
+var (
+	// ErrNotFound means the row does not exist.
+	ErrNotFound = errors.New("not found")
+	// ErrConflict means a unique or foreign-key constraint rejected the write.
+	ErrConflict = errors.New("conflict")
+)
+
+func mapErr(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, ErrNotFound), errors.Is(err, ErrConflict):
+		return err
+	case errors.Is(err, gorm.ErrRecordNotFound):
+		return fmt.Errorf("%w: %w", ErrNotFound, err)
+	case errors.Is(err, gorm.ErrDuplicatedKey), errors.Is(err, gorm.ErrForeignKeyViolated):
+		return fmt.Errorf("%w: %w", ErrConflict, err)
+	}
+	// glebarez/sqlite translates unique violations; foreign keys arrive as text.
+	msg := err.Error()
+	if strings.Contains(msg, "constraint failed") {
+		return fmt.Errorf("%w: %w", ErrConflict, err)
+	}
+	return err
+}
+
+// now is the database clock as an SQL expression. Every timestamp joblib stores
+// comes from here, so liveness never mixes clocks.
+func (q *Q) now() string {
+	if q.d == Postgres {
+		return "now()"
+	}
+	return sqliteNow
+}
+
+const sqliteNow = "strftime('%Y-%m-%dT%H:%M:%fZ','now')"
+
+// before returns an SQL expression for "database now minus d" and its argument.
+func (q *Q) before(d time.Duration) (string, any) {
+	if q.d == Postgres {
+		return "(now() - ? * interval '1 microsecond')", d.Microseconds()
+	}
+	return "strftime('%Y-%m-%dT%H:%M:%fZ','now', ?)", fmt.Sprintf("-%.3f seconds", d.Seconds())
+}

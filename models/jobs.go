@@ -1,0 +1,137 @@
+package models
+
+import (
+	"fmt"
+
+	"github.com/google/uuid"
+)
+
+const (
+	jobCols     = "j.id, j.seq, j.room_id, j.category, j.name, j.schema, j.deleted, j.on_worker_loss, j.max_attempts, j.created_at"
+	jobColsBare = "id, seq, room_id, category, name, schema, deleted, on_worker_loss, max_attempts, created_at"
+)
+
+// JobByKey finds a job by (room, category, name), soft-deleted ones included.
+func (q *Q) JobByKey(room, category, name string) (Job, error) {
+	var js []Job
+	err := q.g.Raw("SELECT "+jobCols+" FROM jobs j WHERE j.room_id = ? AND j.category = ? AND j.name = ?", room, category, name).Scan(&js).Error
+	if err != nil {
+		return Job{}, fmt.Errorf("read job: %w", mapErr(err))
+	}
+	if len(js) == 0 {
+		return Job{}, ErrNotFound
+	}
+	return js[0], nil
+}
+
+// InsertJobIfAbsent inserts a job unless one with the same key exists; it
+// reports whether it inserted. Concurrent first registrations therefore never
+// fail: exactly one inserts, the others find the row.
+func (q *Q) InsertJobIfAbsent(j Job) (bool, error) {
+	res := q.g.Exec("INSERT INTO jobs (id, room_id, category, name, schema, on_worker_loss, max_attempts, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, "+q.now()+
+		") ON CONFLICT (room_id, category, name) DO NOTHING",
+		j.ID, j.RoomID, j.Category, j.Name, j.Schema, j.OnWorkerLoss, j.MaxAttempts)
+	if res.Error != nil {
+		return false, fmt.Errorf("insert job: %w", mapErr(res.Error))
+	}
+	return res.RowsAffected == 1, nil
+}
+
+// ReactivateJob turns a soft-deleted job live again with a new schema and
+// worker-loss policy. It reports false if the job was not deleted (a
+// concurrent registration won).
+func (q *Q) ReactivateJob(id uuid.UUID, schema, onWorkerLoss string, maxAttempts int) (bool, error) {
+	res := q.g.Exec("UPDATE jobs SET deleted = false, deleted_at = NULL, schema = ?, on_worker_loss = ?, max_attempts = ? WHERE id = ? AND deleted = true",
+		schema, onWorkerLoss, maxAttempts, id)
+	if res.Error != nil {
+		return false, fmt.Errorf("reactivate job: %w", mapErr(res.Error))
+	}
+	return res.RowsAffected == 1, nil
+}
+
+// UpsertJobAlways creates or reactivates a job and overwrites its schema
+// (internal jobs registered by the server itself).
+func (q *Q) UpsertJobAlways(j Job) error {
+	err := q.g.Exec("INSERT INTO jobs (id, room_id, category, name, schema, on_worker_loss, max_attempts, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, "+q.now()+
+		") ON CONFLICT (room_id, category, name) DO UPDATE SET deleted = false, deleted_at = NULL, schema = excluded.schema",
+		j.ID, j.RoomID, j.Category, j.Name, j.Schema, j.OnWorkerLoss, j.MaxAttempts).Error
+	if err != nil {
+		return fmt.Errorf("upsert job: %w", mapErr(err))
+	}
+	return nil
+}
+
+// LinkWorkerJob links a worker to a job; an existing link is kept.
+func (q *Q) LinkWorkerJob(workerID, jobID uuid.UUID) error {
+	err := q.g.Exec("INSERT INTO worker_job_links (worker_id, job_id) VALUES (?, ?) ON CONFLICT DO NOTHING", workerID, jobID).Error
+	if err != nil {
+		return fmt.Errorf("link worker to job: %w", mapErr(err))
+	}
+	return nil
+}
+
+// JobWorkerIDs returns the linked worker ids of each job.
+func (q *Q) JobWorkerIDs(jobIDs []uuid.UUID) (map[uuid.UUID][]uuid.UUID, error) {
+	out := make(map[uuid.UUID][]uuid.UUID, len(jobIDs))
+	if len(jobIDs) == 0 {
+		return out, nil
+	}
+	var rows []struct {
+		JobID    uuid.UUID
+		WorkerID uuid.UUID
+	}
+	err := q.g.Raw("SELECT l.job_id, l.worker_id FROM worker_job_links l JOIN workers w ON w.id = l.worker_id WHERE l.job_id IN ? ORDER BY w.seq", jobIDs).Scan(&rows).Error
+	if err != nil {
+		return nil, fmt.Errorf("read job workers: %w", mapErr(err))
+	}
+	for _, r := range rows {
+		out[r.JobID] = append(out[r.JobID], r.WorkerID)
+	}
+	return out, nil
+}
+
+// ListJobs pages through the live jobs of the given rooms, newest first.
+func (q *Q) ListJobs(rooms []string, p Page) ([]Job, int64, error) {
+	var total int64
+	if err := q.g.Raw("SELECT count(*) FROM jobs j WHERE j.deleted = false AND j.room_id IN ?", rooms).Scan(&total).Error; err != nil {
+		return nil, 0, fmt.Errorf("count jobs: %w", mapErr(err))
+	}
+	js := []Job{}
+	if p.Limit > 0 {
+		err := q.g.Raw("SELECT "+jobCols+" FROM jobs j WHERE j.deleted = false AND j.room_id IN ? ORDER BY j.created_at DESC, j.seq DESC LIMIT ? OFFSET ?",
+			rooms, p.Limit, p.Offset).Scan(&js).Error
+		if err != nil {
+			return nil, 0, fmt.Errorf("list jobs: %w", mapErr(err))
+		}
+	}
+	return js, total, nil
+}
+
+// SoftDeleteOrphanJobs marks deleted every job among ids that is not
+// @internal, has no worker link left and no pending task, and returns the
+// deleted jobs. The conditions are re-checked in the UPDATE itself, so a
+// concurrent registration or submission is never overridden by a stale read.
+func (q *Q) SoftDeleteOrphanJobs(ids []uuid.UUID) ([]Job, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	var js []Job
+	err := q.g.Raw("UPDATE jobs SET deleted = true, deleted_at = "+q.now()+
+		" WHERE id IN ? AND deleted = false AND room_id <> '@internal'"+
+		" AND NOT EXISTS (SELECT 1 FROM worker_job_links l WHERE l.job_id = jobs.id)"+
+		" AND NOT EXISTS (SELECT 1 FROM tasks t WHERE t.job_id = jobs.id AND t.status = 'pending')"+
+		" RETURNING "+jobColsBare, ids).Scan(&js).Error
+	if err != nil {
+		return nil, fmt.Errorf("soft-delete orphan jobs: %w", mapErr(err))
+	}
+	return js, nil
+}
+
+// SetJobPolicy changes a job's worker-loss policy.
+func (q *Q) SetJobPolicy(id uuid.UUID, onWorkerLoss string, maxAttempts int) error {
+	err := q.g.Exec("UPDATE jobs SET on_worker_loss = ?, max_attempts = ? WHERE id = ?", onWorkerLoss, maxAttempts, id).Error
+	if err != nil {
+		return fmt.Errorf("set job policy: %w", mapErr(err))
+	}
+	return nil
+}

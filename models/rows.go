@@ -1,0 +1,114 @@
+package models
+
+import (
+	"github.com/google/uuid"
+)
+
+// User is an account that owns workers and providers and submits tasks.
+type User struct {
+	ID          uuid.UUID
+	Name        string
+	Email       *string
+	IsActive    bool
+	IsSuperuser bool
+	CreatedAt   Time
+}
+
+// Worker is one worker process's registration.
+type Worker struct {
+	ID            uuid.UUID
+	UserID        uuid.UUID
+	LastHeartbeat Time
+	CreatedAt     Time
+	SessionEpoch  int64
+	NodeID        *string
+	NodeRun       *string
+	BoundAt       Time
+	// JobCount is filled by listings: the number of the worker's job links.
+	JobCount int64
+}
+
+// Job is a registered job type in a room. Jobs are soft-deleted, never removed.
+type Job struct {
+	ID           uuid.UUID
+	Seq          int64
+	RoomID       string
+	Category     string
+	Name         string
+	Schema       string
+	Deleted      bool
+	OnWorkerLoss string
+	MaxAttempts  int
+	CreatedAt    Time
+}
+
+// FullName is room:category:name.
+func (j Job) FullName() string { return j.RoomID + ":" + j.Category + ":" + j.Name }
+
+// Task is one submitted unit of work, joined with what the API shows of its job.
+type Task struct {
+	ID           uuid.UUID
+	Seq          int64
+	JobID        uuid.UUID
+	WorkerID     *uuid.UUID
+	LostWorkerID *uuid.UUID
+	RoomID       string
+	CreatedByID  *uuid.UUID
+	Payload      string
+	Status       string
+	Attempt      int
+	CreatedAt    Time
+	ClaimedAt    Time
+	StartedAt    Time
+	CompletedAt  Time
+	Error        *string
+
+	// Joined from the task's job (the job may be soft-deleted).
+	JobRoom       *string
+	JobCategory   *string
+	JobName       *string
+	OnWorkerLoss  *string
+	MaxAttempts   *int
+	QueuePosition *int64
+}
+
+// JobFullName is the job's full name, or "" when the job row is missing.
+func (t Task) JobFullName() string {
+	if t.JobRoom == nil || t.JobCategory == nil || t.JobName == nil {
+		return ""
+	}
+	return *t.JobRoom + ":" + *t.JobCategory + ":" + *t.JobName
+}
+
+// Provider is a data provider served by one worker.
+type Provider struct {
+	ID          uuid.UUID
+	Seq         int64
+	RoomID      string
+	Category    string
+	Name        string
+	Schema      string
+	ContentType string
+	UserID      uuid.UUID
+	WorkerID    uuid.UUID
+	CreatedAt   Time
+}
+
+// FullName is room:category:name.
+func (p Provider) FullName() string { return p.RoomID + ":" + p.Category + ":" + p.Name }
+
+// Task statuses as stored and as the API shows them.
+const (
+	StatusPending   = "pending"
+	StatusClaimed   = "claimed"
+	StatusRunning   = "running"
+	StatusCompleted = "completed"
+	StatusFailed    = "failed"
+	StatusCancelled = "cancelled"
+)
+
+// Page is limit/offset pagination.
+type Page struct {
+	Limit  int
+	Offset int
+}

@@ -1,0 +1,138 @@
+package models
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/google/uuid"
+)
+
+const taskSelect = `SELECT t.id, t.seq, t.job_id, t.worker_id, t.lost_worker_id, t.room_id, t.created_by_id, t.payload, t.status, t.attempt,
+ t.created_at, t.claimed_at, t.started_at, t.completed_at, t.error,
+ j.room_id AS job_room, j.category AS job_category, j.name AS job_name, j.on_worker_loss, j.max_attempts,
+ CASE WHEN t.status = 'pending' THEN (SELECT count(*) FROM tasks p WHERE p.job_id = t.job_id AND p.status = 'pending' AND p.seq <= t.seq) END AS queue_position
+ FROM tasks t LEFT JOIN jobs j ON j.id = t.job_id `
+
+// InsertTask creates a task with the given status and returns it as the API shows it.
+func (q *Q) InsertTask(id, jobID uuid.UUID, roomID string, createdBy *uuid.UUID, payload, status string) (Task, error) {
+	err := q.g.Exec("INSERT INTO tasks (id, job_id, room_id, created_by_id, payload, status, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, "+q.now()+", "+q.now()+")",
+		id, jobID, roomID, createdBy, payload, status).Error
+	if err != nil {
+		return Task{}, fmt.Errorf("insert task: %w", mapErr(err))
+	}
+	return q.GetTask(id)
+}
+
+// GetTask reads one task with its job's name and its queue position.
+func (q *Q) GetTask(id uuid.UUID) (Task, error) {
+	var ts []Task
+	if err := q.g.Raw(taskSelect+"WHERE t.id = ?", id).Scan(&ts).Error; err != nil {
+		return Task{}, fmt.Errorf("read task: %w", mapErr(err))
+	}
+	if len(ts) == 0 {
+		return Task{}, ErrNotFound
+	}
+	return ts[0], nil
+}
+
+// GetTasks reads several tasks, in seq order.
+func (q *Q) GetTasks(ids []uuid.UUID) ([]Task, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	var ts []Task
+	if err := q.g.Raw(taskSelect+"WHERE t.id IN ? ORDER BY t.seq", ids).Scan(&ts).Error; err != nil {
+		return nil, fmt.Errorf("read tasks: %w", mapErr(err))
+	}
+	return ts, nil
+}
+
+// TaskFilter selects tasks for a listing.
+type TaskFilter struct {
+	RoomID string     // required: the room the tasks were submitted to
+	JobID  *uuid.UUID // optional
+	Status string     // optional
+}
+
+// ListTasks pages through tasks, newest first.
+func (q *Q) ListTasks(f TaskFilter, p Page) ([]Task, int64, error) {
+	where := []string{"t.room_id = ?"}
+	args := []any{f.RoomID}
+	if f.JobID != nil {
+		where = append(where, "t.job_id = ?")
+		args = append(args, *f.JobID)
+	}
+	if f.Status != "" {
+		where = append(where, "t.status = ?")
+		args = append(args, f.Status)
+	}
+	cond := "WHERE " + strings.Join(where, " AND ")
+	var total int64
+	if err := q.g.Raw("SELECT count(*) FROM tasks t "+cond, args...).Scan(&total).Error; err != nil {
+		return nil, 0, fmt.Errorf("count tasks: %w", mapErr(err))
+	}
+	ts := []Task{}
+	if p.Limit > 0 {
+		err := q.g.Raw(taskSelect+cond+" ORDER BY t.created_at DESC, t.seq DESC LIMIT ? OFFSET ?", append(args, p.Limit, p.Offset)...).Scan(&ts).Error
+		if err != nil {
+			return nil, 0, fmt.Errorf("list tasks: %w", mapErr(err))
+		}
+	}
+	return ts, total, nil
+}
+
+// ClaimTask atomically moves the oldest pending task of the worker's linked
+// (non-internal) jobs to claimed for that worker. ok is false when nothing is
+// claimable. On PostgreSQL concurrent claimers skip each other's locked rows,
+// so every task goes to exactly one claimer and no claimer comes back empty
+// while an unclaimed eligible task exists; on SQLite the single connection
+// serialises claimers.
+func (q *Q) ClaimTask(workerID uuid.UUID) (Task, bool, error) {
+	lock := ""
+	if q.d == Postgres {
+		lock = " FOR UPDATE SKIP LOCKED"
+	}
+	var ids []uuid.UUID
+	err := q.g.Raw("UPDATE tasks SET status = 'claimed', worker_id = ?, attempt = attempt + 1, claimed_at = "+q.now()+", updated_at = "+q.now()+
+		" WHERE id = (SELECT t.id FROM tasks t WHERE t.status = 'pending' AND t.job_id IN"+
+		" (SELECT l.job_id FROM worker_job_links l JOIN jobs j ON j.id = l.job_id WHERE l.worker_id = ? AND j.room_id <> '@internal')"+
+		" ORDER BY t.seq LIMIT 1"+lock+") RETURNING id", workerID, workerID).Scan(&ids).Error
+	if err != nil {
+		return Task{}, false, fmt.Errorf("claim task: %w", mapErr(err))
+	}
+	if len(ids) == 0 {
+		return Task{}, false, nil
+	}
+	t, err := q.GetTask(ids[0])
+	return t, err == nil, err
+}
+
+// TransitionTask moves a task from one status to another if it is still in
+// from; it sets started_at on running and completed_at (and errMsg, when not
+// empty) on terminal statuses. ok is false if the task was no longer in from.
+func (q *Q) TransitionTask(id uuid.UUID, from, to string, workerID *uuid.UUID, errMsg *string) (bool, error) {
+	set := []string{"status = ?", "updated_at = " + q.now()}
+	args := []any{to}
+	switch to {
+	case StatusRunning:
+		set = append(set, "started_at = "+q.now())
+	case StatusClaimed:
+		set = append(set, "claimed_at = "+q.now(), "attempt = attempt + 1")
+		if workerID != nil {
+			set = append(set, "worker_id = ?")
+			args = append(args, *workerID)
+		}
+	case StatusCompleted, StatusFailed, StatusCancelled:
+		set = append(set, "completed_at = "+q.now())
+		if errMsg != nil && *errMsg != "" {
+			set = append(set, "error = ?")
+			args = append(args, *errMsg)
+		}
+	}
+	args = append(args, id, from)
+	res := q.g.Exec("UPDATE tasks SET "+strings.Join(set, ", ")+" WHERE id = ? AND status = ?", args...)
+	if res.Error != nil {
+		return false, fmt.Errorf("update task status: %w", mapErr(res.Error))
+	}
+	return res.RowsAffected == 1, nil
+}

@@ -1,0 +1,136 @@
+package server
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/zndraw/joblib/joblib"
+)
+
+// jwtAudience is the audience fastapi-users puts in its access tokens.
+const jwtAudience = "fastapi-users:auth"
+
+// authCookie is the cookie a browser may carry its token in.
+const authCookie = "joblib_token"
+
+// authenticator resolves credentials to a principal: joblib API tokens, and,
+// when a secret is configured, HS256 JWTs in the fastapi-users shape
+// (`sub` = user id) so that a ZnDraw host can share its tokens with us.
+type authenticator struct {
+	svc       *joblib.Service
+	jwtSecret []byte
+	now       func() time.Time
+}
+
+// tokenFrom extracts a bearer token from the Authorization header or the cookie.
+func tokenFrom(r *http.Request) string {
+	if h := r.Header.Get("Authorization"); h != "" {
+		scheme, tok, ok := strings.Cut(h, " ")
+		if ok && strings.EqualFold(scheme, "Bearer") {
+			return strings.TrimSpace(tok)
+		}
+		return ""
+	}
+	if c, err := r.Cookie(authCookie); err == nil {
+		return c.Value
+	}
+	return ""
+}
+
+// authenticate resolves a raw token. Unknown, malformed or expired
+// credentials are joblib.ErrUnauthorized.
+func (a *authenticator) authenticate(ctx context.Context, token string) (joblib.Principal, error) {
+	if token == "" {
+		return joblib.Principal{}, joblib.ErrUnauthorized
+	}
+	if strings.HasPrefix(token, joblib.TokenPrefix) || len(a.jwtSecret) == 0 {
+		return a.svc.AuthenticateToken(ctx, token)
+	}
+	sub, err := a.verifyJWT(token)
+	if err != nil {
+		return joblib.Principal{}, joblib.ErrUnauthorized
+	}
+	return a.svc.PrincipalForSubject(ctx, sub)
+}
+
+var errBadJWT = errors.New("invalid token")
+
+// verifyJWT checks an HS256 JWT's signature, expiry, not-before and audience,
+// and returns its subject.
+func (a *authenticator) verifyJWT(token string) (uuid.UUID, error) {
+	parts := strings.Split(token, ".")
+	if len(parts) != 3 {
+		return uuid.Nil, errBadJWT
+	}
+	hdrRaw, err := base64.RawURLEncoding.DecodeString(parts[0])
+	if err != nil {
+		return uuid.Nil, errBadJWT
+	}
+	var hdr struct {
+		Alg string `json:"alg"`
+	}
+	if json.Unmarshal(hdrRaw, &hdr) != nil || hdr.Alg != "HS256" {
+		return uuid.Nil, errBadJWT
+	}
+	sig, err := base64.RawURLEncoding.DecodeString(parts[2])
+	if err != nil {
+		return uuid.Nil, errBadJWT
+	}
+	mac := hmac.New(sha256.New, a.jwtSecret)
+	mac.Write([]byte(parts[0] + "." + parts[1]))
+	if !hmac.Equal(sig, mac.Sum(nil)) {
+		return uuid.Nil, errBadJWT
+	}
+	body, err := base64.RawURLEncoding.DecodeString(parts[1])
+	if err != nil {
+		return uuid.Nil, errBadJWT
+	}
+	var claims struct {
+		Sub string          `json:"sub"`
+		Exp *float64        `json:"exp"`
+		Nbf *float64        `json:"nbf"`
+		Aud json.RawMessage `json:"aud"`
+	}
+	if json.Unmarshal(body, &claims) != nil {
+		return uuid.Nil, errBadJWT
+	}
+	now := float64(a.now().Unix())
+	if claims.Exp != nil && now >= *claims.Exp {
+		return uuid.Nil, errBadJWT
+	}
+	if claims.Nbf != nil && now < *claims.Nbf {
+		return uuid.Nil, errBadJWT
+	}
+	if len(claims.Aud) > 0 && !audienceOK(claims.Aud) {
+		return uuid.Nil, errBadJWT
+	}
+	id, err := uuid.Parse(claims.Sub)
+	if err != nil {
+		return uuid.Nil, errBadJWT
+	}
+	return id, nil
+}
+
+func audienceOK(raw json.RawMessage) bool {
+	var one string
+	if json.Unmarshal(raw, &one) == nil {
+		return one == jwtAudience
+	}
+	var many []string
+	if json.Unmarshal(raw, &many) == nil {
+		for _, a := range many {
+			if a == jwtAudience {
+				return true
+			}
+		}
+	}
+	return false
+}

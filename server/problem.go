@@ -1,0 +1,82 @@
+package server
+
+import (
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+
+	"github.com/zndraw/joblib/joblib"
+)
+
+// Problem is an RFC 9457 problem details body. Every error the API answers
+// has this shape and the media type application/problem+json.
+type Problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail,omitempty"`
+}
+
+// problemStatus maps each problem code to its HTTP status.
+var problemStatus = map[joblib.Code]int{
+	joblib.CodeJobNotFound:              http.StatusNotFound,
+	joblib.CodeSchemaConflict:           http.StatusConflict,
+	joblib.CodeInvalidCategory:          http.StatusBadRequest,
+	joblib.CodeWorkerNotFound:           http.StatusNotFound,
+	joblib.CodeTaskNotFound:             http.StatusNotFound,
+	joblib.CodeInvalidTaskTransition:    http.StatusConflict,
+	joblib.CodeInvalidRoomID:            http.StatusBadRequest,
+	joblib.CodeForbidden:                http.StatusForbidden,
+	joblib.CodeInternalJobNotConfigured: http.StatusServiceUnavailable,
+	joblib.CodeProviderNotFound:         http.StatusNotFound,
+	joblib.CodeProviderTimeout:          http.StatusGatewayTimeout,
+	joblib.CodeValidation:               http.StatusUnprocessableEntity,
+	joblib.CodePayloadTooLarge:          http.StatusRequestEntityTooLarge,
+	joblib.CodeUnauthorized:             http.StatusUnauthorized,
+}
+
+func newProblem(code joblib.Code, detail string) Problem {
+	status, ok := problemStatus[code]
+	if !ok {
+		status = http.StatusInternalServerError
+	}
+	return Problem{Type: "/v1/problems/" + string(code), Title: http.StatusText(status), Status: status, Detail: detail}
+}
+
+func writeProblem(w http.ResponseWriter, p Problem) {
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(p.Status)
+	_ = json.NewEncoder(w).Encode(p)
+}
+
+// fail answers err: a joblib.Error with its problem, anything else as a 500
+// whose detail does not leak internals (the error is logged with the request).
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	if e, ok := joblib.AsError(err); ok {
+		writeProblem(w, newProblem(e.Code, e.Detail))
+		return
+	}
+	if errors.Is(err, joblib.ErrUnauthorized) {
+		writeProblem(w, newProblem(joblib.CodeUnauthorized, "Unauthorized"))
+		return
+	}
+	if r.Context().Err() != nil {
+		// The client went away; nobody reads the answer.
+		return
+	}
+	s.log.LogAttrs(r.Context(), slog.LevelError, "request failed",
+		slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Any("err", err))
+	writeProblem(w, Problem{Type: "/v1/problems/internal-error", Title: http.StatusText(500), Status: 500, Detail: "internal error"})
+}
+
+func badRequest(w http.ResponseWriter, detail string) {
+	writeProblem(w, newProblem(joblib.CodeValidation, detail))
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}

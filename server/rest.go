@@ -1,0 +1,476 @@
+package server
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/zndraw/joblib/joblib"
+)
+
+const prefix = "/v1/joblib"
+
+func (s *Server) routes() {
+	m := s.mux
+	m.HandleFunc("POST "+prefix+"/workers", s.createWorker)
+	m.HandleFunc("GET "+prefix+"/workers", s.read(s.listWorkers))
+	m.HandleFunc("PATCH "+prefix+"/workers/{id}", s.heartbeat)
+	m.HandleFunc("DELETE "+prefix+"/workers/{id}", s.deleteWorker)
+
+	m.HandleFunc("PUT "+prefix+"/rooms/{room}/jobs", s.registerJob)
+	m.HandleFunc("GET "+prefix+"/rooms/{room}/jobs", s.read(s.listJobs))
+	m.HandleFunc("GET "+prefix+"/rooms/{room}/jobs/{name...}", s.read(s.jobOrJobTasks))
+	m.HandleFunc("GET "+prefix+"/rooms/{room}/workers", s.read(s.listRoomWorkers))
+	m.HandleFunc("GET "+prefix+"/rooms/{room}/tasks", s.read(s.listRoomTasks))
+	m.HandleFunc("POST "+prefix+"/rooms/{room}/tasks/{name...}", s.submitTask)
+
+	m.HandleFunc("POST "+prefix+"/tasks/claim", s.claimTask)
+	m.HandleFunc("GET "+prefix+"/tasks/{id}", s.read(s.getTask))
+	m.HandleFunc("PATCH "+prefix+"/tasks/{id}", s.updateTask)
+
+	m.HandleFunc("GET /healthz", s.healthz)
+	m.HandleFunc("GET /readyz", s.readyz)
+}
+
+// principal authenticates the request or answers 401 and returns ok=false.
+func (s *Server) principal(w http.ResponseWriter, r *http.Request) (joblib.Principal, bool) {
+	p, err := s.auth.authenticate(r.Context(), tokenFrom(r))
+	if err != nil {
+		if errors.Is(err, joblib.ErrUnauthorized) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="joblib"`)
+		}
+		s.fail(w, r, err)
+		return p, false
+	}
+	return p, true
+}
+
+// read wraps a GET handler: authenticated unless PublicReads is on.
+func (s *Server) read(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if !s.cfg.PublicReads {
+			if _, ok := s.principal(w, r); !ok {
+				return
+			}
+		}
+		h(w, r)
+	}
+}
+
+// roomThenPrincipal validates the path's room before authenticating, the order
+// the contract's write endpoints use (an invalid room is 400 even without
+// credentials).
+func (s *Server) roomThenPrincipal(w http.ResponseWriter, r *http.Request) (string, joblib.Principal, bool) {
+	room := r.PathValue("room")
+	if err := joblib.ValidateRoomID(room); err != nil {
+		s.fail(w, r, err)
+		return "", joblib.Principal{}, false
+	}
+	p, ok := s.principal(w, r)
+	return room, p, ok
+}
+
+// decodeBody reads a JSON object body into v. Oversized bodies answer 413,
+// anything that is not a JSON object of the right shape 422.
+func (s *Server) decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeProblem(w, newProblem(joblib.CodePayloadTooLarge, fmt.Sprintf("request body exceeds %d bytes", tooBig.Limit)))
+			return false
+		}
+		badRequest(w, "could not read request body")
+		return false
+	}
+	body = bytes.TrimSpace(body)
+	if len(body) == 0 || body[0] != '{' {
+		badRequest(w, "request body must be a JSON object")
+		return false
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		badRequest(w, jsonProblem(err))
+		return false
+	}
+	return true
+}
+
+// jsonProblem words a decoding error for the client.
+func jsonProblem(err error) string {
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) && te.Field != "" {
+		return fmt.Sprintf("field %q: expected %s, got JSON %s", te.Field, te.Type.String(), te.Value)
+	}
+	var se *json.SyntaxError
+	if errors.As(err, &se) {
+		return "malformed JSON: " + se.Error()
+	}
+	return "invalid request body: " + err.Error()
+}
+
+func pathUUID(w http.ResponseWriter, r *http.Request, name string) (uuid.UUID, bool) {
+	id, err := uuid.Parse(r.PathValue(name))
+	if err != nil || len(r.PathValue(name)) != 36 {
+		badRequest(w, fmt.Sprintf("path parameter %q must be a UUID", name))
+		return uuid.Nil, false
+	}
+	return id, true
+}
+
+// maxPageLimit is the largest page size.
+const maxPageLimit = 500
+
+func pageParams(w http.ResponseWriter, r *http.Request) (joblib.PageParams, bool) {
+	pg := joblib.PageParams{Limit: 50}
+	q := r.URL.Query()
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 || n > maxPageLimit {
+			badRequest(w, fmt.Sprintf("limit must be an integer between 0 and %d", maxPageLimit))
+			return pg, false
+		}
+		pg.Limit = n
+	}
+	if v := q.Get("offset"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			badRequest(w, "offset must be a non-negative integer")
+			return pg, false
+		}
+		pg.Offset = n
+	}
+	return pg, true
+}
+
+func taskListParams(w http.ResponseWriter, r *http.Request) (joblib.TaskListParams, bool) {
+	pg, ok := pageParams(w, r)
+	if !ok {
+		return joblib.TaskListParams{}, false
+	}
+	status := r.URL.Query().Get("status")
+	if status != "" && !joblib.ValidStatus(status) {
+		badRequest(w, "status must be one of pending, claimed, running, completed, failed, cancelled")
+		return joblib.TaskListParams{}, false
+	}
+	return joblib.TaskListParams{Status: status, Page: pg}, true
+}
+
+var preferWait = regexp.MustCompile(`\bwait=(\d+)\b`)
+
+// parsePreferWait reads `Prefer: wait=N` (RFC 7240) the way the contract does:
+// the first wait=<digits> token; anything else means no wait.
+func parsePreferWait(h string) (time.Duration, bool) {
+	m := preferWait.FindStringSubmatch(h)
+	if m == nil {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(m[1], 10, 64)
+	if err != nil || n > 1<<31 {
+		n = 1 << 31
+	}
+	return time.Duration(n) * time.Second, true
+}
+
+// --- workers
+
+func (s *Server) createWorker(w http.ResponseWriter, r *http.Request) {
+	p, ok := s.principal(w, r)
+	if !ok {
+		return
+	}
+	out, err := s.svc.CreateWorker(r.Context(), p)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, out)
+}
+
+func (s *Server) listWorkers(w http.ResponseWriter, r *http.Request) {
+	pg, ok := pageParams(w, r)
+	if !ok {
+		return
+	}
+	out, err := s.svc.ListWorkers(r.Context(), pg)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
+	p, ok := s.principal(w, r)
+	if !ok {
+		return
+	}
+	id, ok := pathUUID(w, r, "id")
+	if !ok {
+		return
+	}
+	out, err := s.svc.Heartbeat(r.Context(), p, id)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) deleteWorker(w http.ResponseWriter, r *http.Request) {
+	p, ok := s.principal(w, r)
+	if !ok {
+		return
+	}
+	id, ok := pathUUID(w, r, "id")
+	if !ok {
+		return
+	}
+	if _, err := s.svc.DeleteWorker(r.Context(), p, id); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) listRoomWorkers(w http.ResponseWriter, r *http.Request) {
+	pg, ok := pageParams(w, r)
+	if !ok {
+		return
+	}
+	out, err := s.svc.ListRoomWorkers(r.Context(), r.PathValue("room"), pg)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// --- jobs
+
+type registerJobBody struct {
+	Category     *string         `json:"category"`
+	Name         *string         `json:"name"`
+	Schema       json.RawMessage `json:"schema"`
+	SchemaAlias  json.RawMessage `json:"schema_"`
+	WorkerID     *uuid.UUID      `json:"worker_id"`
+	OnWorkerLoss string          `json:"on_worker_loss"`
+	MaxAttempts  int             `json:"max_attempts"`
+}
+
+// schemaOf picks the schema field (or its alias) and checks it is an object.
+func schemaOf(w http.ResponseWriter, main, alias json.RawMessage) (json.RawMessage, bool) {
+	raw := main
+	if len(raw) == 0 {
+		raw = alias
+	}
+	t := bytes.TrimSpace(raw)
+	if len(t) > 0 && t[0] != '{' {
+		badRequest(w, `field "schema": expected a JSON object`)
+		return nil, false
+	}
+	return raw, true
+}
+
+func (s *Server) registerJob(w http.ResponseWriter, r *http.Request) {
+	room, p, ok := s.roomThenPrincipal(w, r)
+	if !ok {
+		return
+	}
+	var b registerJobBody
+	if !s.decodeBody(w, r, &b) {
+		return
+	}
+	if b.Category == nil || b.Name == nil {
+		badRequest(w, `fields "category" and "name" are required strings`)
+		return
+	}
+	schema, ok := schemaOf(w, b.Schema, b.SchemaAlias)
+	if !ok {
+		return
+	}
+	job, created, err := s.svc.RegisterJob(r.Context(), p, room, joblib.RegisterJobParams{
+		Category: *b.Category, Name: *b.Name, Schema: schema, WorkerID: b.WorkerID,
+		OnWorkerLoss: b.OnWorkerLoss, MaxAttempts: b.MaxAttempts,
+	})
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	status := http.StatusOK
+	if created {
+		status = http.StatusCreated
+	}
+	writeJSON(w, status, job)
+}
+
+func (s *Server) listJobs(w http.ResponseWriter, r *http.Request) {
+	pg, ok := pageParams(w, r)
+	if !ok {
+		return
+	}
+	out, err := s.svc.ListJobs(r.Context(), r.PathValue("room"), pg)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// jobOrJobTasks serves both /jobs/{full_name} and /jobs/{full_name}/tasks:
+// the name may contain '/', and like the contract the /tasks suffix wins.
+func (s *Server) jobOrJobTasks(w http.ResponseWriter, r *http.Request) {
+	room, name := r.PathValue("room"), r.PathValue("name")
+	if job, ok := strings.CutSuffix(name, "/tasks"); ok {
+		lp, ok := taskListParams(w, r)
+		if !ok {
+			return
+		}
+		out, err := s.svc.ListJobTasks(r.Context(), room, job, lp)
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, out)
+		return
+	}
+	out, err := s.svc.GetJob(r.Context(), room, name)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// --- tasks
+
+func (s *Server) listRoomTasks(w http.ResponseWriter, r *http.Request) {
+	lp, ok := taskListParams(w, r)
+	if !ok {
+		return
+	}
+	out, err := s.svc.ListRoomTasks(r.Context(), r.PathValue("room"), lp)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) submitTask(w http.ResponseWriter, r *http.Request) {
+	room, p, ok := s.roomThenPrincipal(w, r)
+	if !ok {
+		return
+	}
+	var b struct {
+		Payload json.RawMessage `json:"payload"`
+	}
+	if !s.decodeBody(w, r, &b) {
+		return
+	}
+	if t := bytes.TrimSpace(b.Payload); len(t) > 0 && t[0] != '{' {
+		badRequest(w, `field "payload": expected a JSON object`)
+		return
+	}
+	task, err := s.svc.SubmitTask(r.Context(), p, room, r.PathValue("name"), b.Payload)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if task.Status != "failed" {
+		w.Header().Set("Location", prefix+"/tasks/"+task.ID.String())
+		w.Header().Set("Retry-After", "1")
+	}
+	writeJSON(w, http.StatusAccepted, task)
+}
+
+func (s *Server) claimTask(w http.ResponseWriter, r *http.Request) {
+	p, ok := s.principal(w, r)
+	if !ok {
+		return
+	}
+	var b struct {
+		WorkerID *uuid.UUID `json:"worker_id"`
+	}
+	if !s.decodeBody(w, r, &b) {
+		return
+	}
+	if b.WorkerID == nil {
+		badRequest(w, `field "worker_id" is required`)
+		return
+	}
+	task, err := s.svc.ClaimTask(r.Context(), p, *b.WorkerID)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, struct {
+		Task *joblib.Task `json:"task"`
+	}{task})
+}
+
+func (s *Server) getTask(w http.ResponseWriter, r *http.Request) {
+	id, ok := pathUUID(w, r, "id")
+	if !ok {
+		return
+	}
+	wait, _ := parsePreferWait(r.Header.Get("Prefer"))
+	task, effective, waited, err := s.svc.WaitTask(r.Context(), id, wait)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if waited {
+		w.Header().Set("Preference-Applied", "wait="+strconv.Itoa(int(effective/time.Second)))
+	}
+	writeJSON(w, http.StatusOK, task)
+}
+
+func (s *Server) updateTask(w http.ResponseWriter, r *http.Request) {
+	p, ok := s.principal(w, r)
+	if !ok {
+		return
+	}
+	id, ok := pathUUID(w, r, "id")
+	if !ok {
+		return
+	}
+	var b struct {
+		Status *string `json:"status"`
+		Error  *string `json:"error"`
+	}
+	if !s.decodeBody(w, r, &b) {
+		return
+	}
+	if b.Status == nil || !joblib.ValidStatus(*b.Status) {
+		badRequest(w, `field "status" must be one of pending, claimed, running, completed, failed, cancelled`)
+		return
+	}
+	task, err := s.svc.UpdateTask(r.Context(), p, id, *b.Status, b.Error)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, task)
+}
+
+// --- health
+
+func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	if err := s.svc.DB().Ping(r.Context()); err != nil {
+		writeProblem(w, Problem{Type: "/v1/problems/not-ready", Title: http.StatusText(503), Status: 503, Detail: "database unreachable"})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}

@@ -1,0 +1,111 @@
+package server
+
+import (
+	"bytes"
+	"log/slog"
+	"net/http"
+	"runtime/debug"
+	"time"
+
+	"github.com/zndraw/joblib/joblib"
+)
+
+// Config is the HTTP side's configuration (JOBLIB_-prefixed environment
+// variables; see the tags for names and defaults).
+type Config struct {
+	// ListenAddr is where serve listens.
+	ListenAddr string `env:"LISTEN_ADDR" envDefault:":8080"`
+	// MaxBodyBytes caps request bodies; larger ones answer 413.
+	MaxBodyBytes int64 `env:"MAX_BODY_BYTES" envDefault:"8388608"`
+	// AdminToken, when set, is an API token of a superuser named "admin"
+	// that exists from start-up on.
+	AdminToken string `env:"ADMIN_TOKEN"`
+	// JWTSecret, when set, also accepts HS256 JWTs signed with it whose `sub`
+	// is a user id (ZnDraw/fastapi-users tokens).
+	JWTSecret string `env:"JWT_SECRET"`
+	// PublicReads lets unauthenticated callers use the GET endpoints.
+	PublicReads bool `env:"PUBLIC_READS" envDefault:"false"`
+}
+
+// DefaultConfig returns the documented defaults.
+func DefaultConfig() Config {
+	return Config{ListenAddr: ":8080", MaxBodyBytes: 8 << 20}
+}
+
+// Server is joblib's HTTP surface. Build it with New and mount Handler.
+type Server struct {
+	svc  *joblib.Service
+	cfg  Config
+	log  *slog.Logger
+	auth *authenticator
+	mux  *http.ServeMux
+}
+
+// New builds the HTTP server over a service.
+func New(svc *joblib.Service, cfg Config, log *slog.Logger) *Server {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = DefaultConfig().MaxBodyBytes
+	}
+	s := &Server{
+		svc:  svc,
+		cfg:  cfg,
+		log:  log,
+		auth: &authenticator{svc: svc, jwtSecret: []byte(cfg.JWTSecret), now: time.Now},
+		mux:  http.NewServeMux(),
+	}
+	s.routes()
+	return s
+}
+
+// Handle mounts an extra handler (Socket.IO, metrics) on the server's mux.
+func (s *Server) Handle(pattern string, h http.Handler) { s.mux.Handle(pattern, h) }
+
+// Handler is the root handler with recovery and problem+json for routing errors.
+func (s *Server) Handler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			if v := recover(); v != nil {
+				if v == http.ErrAbortHandler {
+					panic(v)
+				}
+				s.log.Error("panic in handler", "method", r.Method, "path", r.URL.Path, "panic", v, "stack", string(debug.Stack()))
+				writeProblem(w, Problem{Type: "/v1/problems/internal-error", Title: http.StatusText(500), Status: 500, Detail: "internal error"})
+			}
+		}()
+		s.mux.ServeHTTP(&routingErrors{ResponseWriter: w}, r)
+	})
+}
+
+// routingErrors turns the mux's plain-text 404 and 405 answers into problems.
+type routingErrors struct {
+	http.ResponseWriter
+	swallow bool
+}
+
+func (rw *routingErrors) WriteHeader(code int) {
+	h := rw.Header()
+	if (code == http.StatusNotFound || code == http.StatusMethodNotAllowed) && bytes.HasPrefix([]byte(h.Get("Content-Type")), []byte("text/plain")) {
+		rw.swallow = true
+		h.Del("X-Content-Type-Options")
+		p := Problem{Type: "/v1/problems/not-found", Title: http.StatusText(code), Status: code, Detail: "no such endpoint"}
+		if code == http.StatusMethodNotAllowed {
+			p.Type, p.Detail = "/v1/problems/method-not-allowed", "method not allowed on this endpoint"
+		}
+		writeProblem(rw.ResponseWriter, p)
+		return
+	}
+	rw.ResponseWriter.WriteHeader(code)
+}
+
+func (rw *routingErrors) Write(b []byte) (int, error) {
+	if rw.swallow {
+		return len(b), nil
+	}
+	return rw.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the real writer (flush, hijack, deadlines).
+func (rw *routingErrors) Unwrap() http.ResponseWriter { return rw.ResponseWriter }
