@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/glebarez/sqlite"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"gorm.io/driver/postgres"
@@ -157,12 +158,36 @@ func (db *DB) Q(ctx context.Context) *Q {
 }
 
 // Tx runs fn in one transaction: committed when fn returns nil, rolled back
-// otherwise (and on panic).
+// otherwise (and on panic). A transaction PostgreSQL aborts as a deadlock
+// victim or serialization failure is retried from the start (fn must be
+// safe to re-run: it only talks to q).
 func (db *DB) Tx(ctx context.Context, fn func(q *Q) error) error {
-	err := db.gorm.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		return fn(&Q{g: tx, d: db.dialect})
-	})
+	const attempts = 5
+	var err error
+	for i := range attempts {
+		err = db.gorm.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+			return fn(&Q{g: tx, d: db.dialect})
+		})
+		if !retryable(err) || i == attempts-1 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Duration(i+1) * 5 * time.Millisecond):
+		}
+	}
 	return mapErr(err)
+}
+
+// retryable reports whether PostgreSQL aborted the transaction for a reason
+// that a plain retry resolves.
+func retryable(err error) bool {
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) {
+		return pg.Code == "40P01" || pg.Code == "40001"
+	}
+	return false
 }
 
 // Dialect reports which database the queries run on.
