@@ -9,6 +9,7 @@ import (
 	"errors"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -28,6 +29,45 @@ type authenticator struct {
 	svc       *joblib.Service
 	jwtSecret []byte
 	now       func() time.Time
+	cache     authCache
+}
+
+// authCacheTTL is how long a resolved credential is reused without asking
+// the database again; a deactivated user or a promotion takes at most this
+// long to apply.
+const authCacheTTL = 5 * time.Second
+
+// authCacheMax bounds the cache; when full it is emptied (a cheap, correct
+// eviction for a cache this short-lived).
+const authCacheMax = 10000
+
+type authCache struct {
+	mu sync.Mutex
+	m  map[string]authEntry
+}
+
+type authEntry struct {
+	p   joblib.Principal
+	exp time.Time
+}
+
+func (c *authCache) get(key string, now time.Time) (joblib.Principal, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.m[key]
+	if !ok || now.After(e.exp) {
+		return joblib.Principal{}, false
+	}
+	return e.p, true
+}
+
+func (c *authCache) put(key string, p joblib.Principal, now time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil || len(c.m) >= authCacheMax {
+		c.m = make(map[string]authEntry)
+	}
+	c.m[key] = authEntry{p: p, exp: now.Add(authCacheTTL)}
 }
 
 // tokenFrom extracts a bearer token from the Authorization header or the cookie.
@@ -51,6 +91,18 @@ func (a *authenticator) authenticate(ctx context.Context, token string) (joblib.
 	if token == "" {
 		return joblib.Principal{}, joblib.ErrUnauthorized
 	}
+	key := joblib.HashToken(token)
+	if p, ok := a.cache.get(key, a.now()); ok {
+		return p, nil
+	}
+	p, err := a.resolve(ctx, token)
+	if err == nil {
+		a.cache.put(key, p, a.now())
+	}
+	return p, err
+}
+
+func (a *authenticator) resolve(ctx context.Context, token string) (joblib.Principal, error) {
 	if strings.HasPrefix(token, joblib.TokenPrefix) || len(a.jwtSecret) == 0 {
 		return a.svc.AuthenticateToken(ctx, token)
 	}
