@@ -1,0 +1,109 @@
+package events_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/zndraw/joblib/events"
+	"github.com/zndraw/joblib/internal/dbtest"
+	"github.com/zndraw/joblib/models"
+)
+
+type collector struct {
+	mu  sync.Mutex
+	got []events.Emission
+	ch  chan struct{}
+}
+
+func newCollector() *collector { return &collector{ch: make(chan struct{}, 64)} }
+
+func (c *collector) add(e events.Emission) {
+	c.mu.Lock()
+	c.got = append(c.got, e)
+	c.mu.Unlock()
+	select {
+	case c.ch <- struct{}{}:
+	default:
+	}
+}
+
+func (c *collector) wait(t *testing.T, n int) []events.Emission {
+	t.Helper()
+	deadline := time.After(5 * time.Second)
+	for {
+		c.mu.Lock()
+		if len(c.got) >= n {
+			out := append([]events.Emission(nil), c.got...)
+			c.mu.Unlock()
+			return out
+		}
+		c.mu.Unlock()
+		select {
+		case <-c.ch:
+		case <-deadline:
+			t.Fatalf("received %d emissions, want %d", len(c.got), n)
+		}
+	}
+}
+
+// TestPGBusCrossNode: what one node publishes reaches the other node's
+// subscribers typed as it was sent, once; batches over the NOTIFY limit go
+// through the spill table; a node does not receive its own batches twice.
+func TestPGBusCrossNode(t *testing.T) {
+	t.Parallel()
+	url := dbtest.URL(t, models.Postgres)
+	ctx := context.Background()
+	open := func(node string) *events.PGBus {
+		db, err := models.Open(ctx, url, models.OpenOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { db.Close() })
+		b := events.NewPGBus(db.Pool, node, nil)
+		if err := b.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(b.Stop)
+		return b
+	}
+	a, b := open("node-a"), open("node-b")
+	onA, onB := newCollector(), newCollector()
+	a.Subscribe(onA.add)
+	b.Subscribe(onB.add)
+
+	qp := int64(3)
+	small := []events.Emission{
+		{Room: events.Room("r1"), Event: events.TaskStatusEvent{ID: "t1", Name: "r1:c:n", RoomID: "r1", Status: "pending", QueuePosition: &qp}},
+		{Room: events.Room("r1"), Event: events.JobsInvalidate{}},
+	}
+	if err := a.Publish(ctx, small); err != nil {
+		t.Fatal(err)
+	}
+	got := onB.wait(t, 2)
+	ts, ok := got[0].Event.(events.TaskStatusEvent)
+	if !ok || ts.ID != "t1" || *ts.QueuePosition != 3 || got[0].Room != "room:r1" {
+		t.Fatalf("remote node got %#v", got[0])
+	}
+	if _, ok := got[1].Event.(events.JobsInvalidate); !ok {
+		t.Fatalf("remote node got %#v", got[1])
+	}
+
+	big := strings.Repeat("x", 20000)
+	if err := a.Publish(ctx, []events.Emission{{Room: events.Room("r2"), Event: events.TaskStatusEvent{ID: "t2", Status: "failed", Error: &big}}}); err != nil {
+		t.Fatal(err)
+	}
+	got = onB.wait(t, 3)
+	if ts := got[2].Event.(events.TaskStatusEvent); ts.ID != "t2" || *ts.Error != big {
+		t.Fatalf("spilled batch arrived as %#v", got[2])
+	}
+	time.Sleep(200 * time.Millisecond) // let any duplicate arrive
+	if n := len(onA.wait(t, 3)); n != 3 {
+		t.Fatalf("publishing node received %d emissions, want its own 3 once", n)
+	}
+	if n := len(onB.wait(t, 3)); n != 3 {
+		t.Fatalf("remote node received %d emissions, want 3", n)
+	}
+}
