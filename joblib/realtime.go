@@ -1,0 +1,76 @@
+package joblib
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/zndraw/joblib/models"
+)
+
+// Node identifies this server process for socket bindings: ID is stable
+// across restarts (JOBLIB_NODE_ID, default the hostname); Run is fresh on
+// every start. A worker bound to (ID, an older Run) lost its socket when that
+// run ended.
+type Node struct {
+	ID  string
+	Run string
+}
+
+// BindWorker attaches a worker to a socket held by this node and returns the
+// new session epoch; the worker must exist and belong to the caller. Any
+// disconnect cleanup scheduled for an older epoch becomes a no-op.
+func (s *Service) BindWorker(ctx context.Context, p Principal, workerID uuid.UUID, n Node) (int64, error) {
+	var epoch int64
+	err := s.db.Tx(ctx, func(q *models.Q) error {
+		if _, err := ownedWorker(q, p, workerID); err != nil {
+			return err
+		}
+		var err error
+		epoch, err = q.BindWorker(workerID, n.ID, n.Run)
+		return notFound(err, s.workerGone(q, workerID))
+	})
+	return epoch, err
+}
+
+// CheckWorker verifies that a worker exists and belongs to the caller.
+func (s *Service) CheckWorker(ctx context.Context, p Principal, workerID uuid.UUID) error {
+	_, err := ownedWorker(s.db.Q(ctx), p, workerID)
+	return err
+}
+
+// CheckJob verifies that a live job with this full name exists.
+func (s *Service) CheckJob(ctx context.Context, fullName string) error {
+	_, err := resolveJob(s.db.Q(ctx), fullName)
+	return err
+}
+
+// CheckProvider verifies that a provider with this full name exists.
+func (s *Service) CheckProvider(ctx context.Context, fullName string) error {
+	room, cat, name, ok := SplitFullName(fullName)
+	if !ok {
+		return errf(CodeProviderNotFound, "Invalid provider name format: %s", fullName)
+	}
+	_, err := s.db.Q(ctx).ProviderByKey(room, cat, name)
+	if errors.Is(err, models.ErrNotFound) {
+		return errf(CodeProviderNotFound, "Provider '%s' not found", fullName)
+	}
+	return err
+}
+
+// KeepAlive refreshes the heartbeat of workers whose sockets are open on this
+// node, in one statement, with the database's clock.
+func (s *Service) KeepAlive(ctx context.Context, ids []uuid.UUID) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	return s.db.Q(ctx).TouchWorkers(ids)
+}
+
+// DisconnectCleanup are the parameters of the disconnect path for a socket
+// binding with this epoch: the cleanup happens only if the binding is still
+// the worker's current one.
+func DisconnectCleanup(epoch int64) CleanupParams {
+	e := epoch
+	return CleanupParams{Path: PathDisconnect, Fence: models.CleanupFence{Epoch: &e}}
+}
