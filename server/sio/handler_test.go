@@ -3,7 +3,6 @@ package sio
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -36,7 +35,7 @@ type testHandler struct {
 	disconnects []disconnectRecord
 	disconnCh   chan disconnectRecord
 	onEvent     func(ctx context.Context, s *Socket, ev Event, ack AckFunc) bool // optional override
-	onConnect   func(s *Socket) error                                           // optional
+	onConnect   func(s *Socket) error                                            // optional
 }
 
 func newTestHandler() *testHandler {
@@ -203,4 +202,16 @@ func startServer(t *testing.T, cfg Config, h *testHandler) *testServer {
 	return &testServer{srv: srv, h: h, http: hs, url: hs.URL}
 }
 
-var errTest = errors.New("test")
+
+// newHTTPServer serves srv without the Shutdown cleanup of startServer.
+func newHTTPServer(t *testing.T, srv *Server) *httptest.Server {
+	t.Helper()
+	mux := http.NewServeMux()
+	mux.Handle("/socket.io/", srv)
+	hs := httptest.NewServer(mux)
+	t.Cleanup(func() {
+		_ = srv.Shutdown(context.Background())
+		hs.Close()
+	})
+	return hs
+}
