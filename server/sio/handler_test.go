@@ -202,7 +202,6 @@ func startServer(t *testing.T, cfg Config, h *testHandler) *testServer {
 	return &testServer{srv: srv, h: h, http: hs, url: hs.URL}
 }
 
-
 // newHTTPServer serves srv without the Shutdown cleanup of startServer.
 func newHTTPServer(t *testing.T, srv *Server) *httptest.Server {
 	t.Helper()
