@@ -33,12 +33,19 @@ type env struct {
 	admin string
 	alice string
 	bob   string
+	rt    *server.Realtime
 }
 
 type setupOpts struct {
 	settings    *joblib.Settings
 	serverCfg   *server.Config
 	publicReads bool
+	realtime    *server.RealtimeConfig
+}
+
+// withRealtime mounts the Socket.IO endpoint with cfg.
+func withRealtime(cfg server.RealtimeConfig) func(*setupOpts) {
+	return func(o *setupOpts) { o.realtime = &cfg }
 }
 
 func setup(t testing.TB, db *models.DB, opts ...func(*setupOpts)) *env {
@@ -60,13 +67,27 @@ func setup(t testing.TB, db *models.DB, opts ...func(*setupOpts)) *env {
 		cfg = *o.serverCfg
 	}
 	cfg.PublicReads = cfg.PublicReads || o.publicReads
-	srv := httptest.NewServer(server.New(svc, cfg, nil).Handler())
+	api := server.New(svc, cfg, nil)
+	var rt *server.Realtime
+	if o.realtime != nil {
+		rt = api.NewRealtime(*o.realtime, joblib.Node{ID: "test-node", Run: "run-1"}, nil)
+		api.Handle("/socket.io/", rt)
+		rt.Start()
+	}
+	srv := httptest.NewServer(api.Handler())
 	t.Cleanup(func() {
+		if rt != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := rt.Shutdown(ctx); err != nil {
+				t.Errorf("shutdown realtime: %v", err)
+			}
+		}
 		srv.Close()
 		unsub()
 		svc.Close()
 	})
-	e := &env{t: t, db: db, svc: svc, bus: bus, rec: rec, srv: srv, url: srv.URL}
+	e := &env{t: t, db: db, svc: svc, bus: bus, rec: rec, srv: srv, url: srv.URL, rt: rt}
 	ctx := context.Background()
 	var err error
 	if e.admin, _, err = svc.CreateToken(ctx, "admin", true); err != nil {

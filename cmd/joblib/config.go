@@ -30,6 +30,7 @@ type Config struct {
 	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"30s"`
 
 	Server   server.Config
+	Realtime server.RealtimeConfig
 	Settings joblib.Settings
 }
 
@@ -61,6 +62,15 @@ func (c Config) validate() error {
 	}
 	if c.DatabaseURL == "" {
 		return errors.New("JOBLIB_DATABASE_URL must not be empty")
+	}
+	if c.Realtime.PingInterval <= 0 || c.Realtime.PingTimeout <= 0 || c.Realtime.DisconnectGrace < 0 || c.Realtime.KeepAliveInterval <= 0 {
+		return errors.New("JOBLIB_PING_INTERVAL, JOBLIB_PING_TIMEOUT and JOBLIB_SOCKET_KEEPALIVE_INTERVAL must be positive and JOBLIB_DISCONNECT_GRACE not negative")
+	}
+	if c.Realtime.KeepAliveInterval >= c.Settings.WorkerTimeout {
+		return fmt.Errorf("JOBLIB_SOCKET_KEEPALIVE_INTERVAL (%s) must be shorter than JOBLIB_WORKER_TIMEOUT (%s)", c.Realtime.KeepAliveInterval, c.Settings.WorkerTimeout)
+	}
+	if c.Realtime.MaxMessageBytes <= 0 || c.Realtime.SendQueue <= 0 {
+		return errors.New("JOBLIB_SOCKET_MAX_MESSAGE_BYTES and JOBLIB_SOCKET_SEND_QUEUE must be positive")
 	}
 	return c.Settings.Validate()
 }

@@ -8,8 +8,10 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/zndraw/joblib/events"
 	"github.com/zndraw/joblib/joblib"
 	"github.com/zndraw/joblib/server"
@@ -24,7 +26,18 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	}
 	defer db.Close()
 
-	bus := events.NewLocalBus()
+	node := joblib.Node{ID: nodeID(), Run: uuid.NewString()}
+	var bus events.Bus = events.NewLocalBus()
+	if db.Pool != nil {
+		// PostgreSQL: several nodes may share the database; events reach
+		// the sockets and long-polls of every node.
+		pb := events.NewPGBus(db.Pool, node.ID+"/"+node.Run, log.With("component", "events"))
+		if err := pb.Start(ctx); err != nil {
+			return err
+		}
+		defer pb.Stop()
+		bus = pb
+	}
 	svc := joblib.New(joblib.Config{DB: db, Bus: bus, Logger: log.With("component", "joblib"), Settings: cfg.Settings})
 	defer svc.Close()
 
@@ -33,6 +46,9 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	}
 
 	srv := server.New(svc, cfg.Server, log.With("component", "http"))
+	rt := srv.NewRealtime(cfg.Realtime, node, log.With("component", "socketio"))
+	srv.Handle("/socket.io/", rt)
+	rt.Start()
 	ln, err := net.Listen("tcp", cfg.Server.ListenAddr)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.Server.ListenAddr, err)
@@ -59,11 +75,23 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	log.Info("shutting down", "timeout", cfg.ShutdownTimeout)
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
 	defer cancel()
+	if err := rt.Shutdown(sctx); err != nil {
+		log.Warn("close sockets", "err", err)
+	}
 	if err := hs.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("drain http: %w", err)
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// nodeID names this node for socket bindings: stable across restarts.
+func nodeID() string {
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		return "joblib"
+	}
+	return h
 }
 
 // bootstrapAuth makes sure somebody can log in: the configured admin token,

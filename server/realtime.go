@@ -1,0 +1,393 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/zndraw/joblib/events"
+	"github.com/zndraw/joblib/joblib"
+	"github.com/zndraw/joblib/server/sio"
+)
+
+// RealtimeConfig configures the Socket.IO endpoint (JOBLIB_-prefixed
+// environment variables; see the tags).
+type RealtimeConfig struct {
+	// PingInterval is how often the server pings each connection.
+	PingInterval time.Duration `env:"PING_INTERVAL" envDefault:"25s"`
+	// PingTimeout is how long a ping may go unanswered before the
+	// connection is considered dead.
+	PingTimeout time.Duration `env:"PING_TIMEOUT" envDefault:"20s"`
+	// DisconnectGrace is how long a worker whose socket closed keeps its
+	// claims; re-joining with the same worker id within it keeps the worker.
+	DisconnectGrace time.Duration `env:"DISCONNECT_GRACE" envDefault:"5s"`
+	// KeepAliveInterval is how often the heartbeats of workers with an open
+	// socket on this node are refreshed (one statement for all of them).
+	KeepAliveInterval time.Duration `env:"SOCKET_KEEPALIVE_INTERVAL" envDefault:"10s"`
+	// AllowedOrigins are the browser origins (host patterns such as
+	// "app.example.com" or "*.example.com") allowed to connect; requests
+	// without an Origin header (workers) are always allowed.
+	AllowedOrigins []string `env:"ALLOWED_ORIGINS"`
+	// MaxMessageBytes caps one Socket.IO message or polling body.
+	MaxMessageBytes int64 `env:"SOCKET_MAX_MESSAGE_BYTES" envDefault:"1000000"`
+	// SendQueue is each connection's outbound queue in packets; a connection
+	// that lets it fill is closed as a slow consumer.
+	SendQueue int `env:"SOCKET_SEND_QUEUE" envDefault:"1024"`
+}
+
+// DefaultRealtimeConfig returns the documented defaults.
+func DefaultRealtimeConfig() RealtimeConfig {
+	return RealtimeConfig{
+		PingInterval: 25 * time.Second, PingTimeout: 20 * time.Second, DisconnectGrace: 5 * time.Second,
+		KeepAliveInterval: 10 * time.Second, MaxMessageBytes: 1_000_000, SendQueue: 1024,
+	}
+}
+
+// Realtime is the Socket.IO side of the server: it authenticates
+// connections, authorizes room joins, delivers committed events to room
+// members, keeps socket-bound workers alive and sends a worker whose socket
+// went away (and did not come back within the grace window) through
+// CleanupWorker.
+type Realtime struct {
+	svc  *joblib.Service
+	auth *authenticator
+	cfg  RealtimeConfig
+	node joblib.Node
+	log  *slog.Logger
+	io   *sio.Server
+
+	mu     sync.Mutex
+	bound  map[uuid.UUID]*sio.Socket // worker -> its socket on this node
+	graces map[uuid.UUID]*time.Timer // worker -> pending disconnect cleanup
+	closed bool
+
+	unsub  func()
+	stop   chan struct{}
+	wg     sync.WaitGroup
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+// connState is what a socket carries: who it is, and the workers it bound.
+type connState struct {
+	p       joblib.Principal
+	mu      sync.Mutex
+	workers map[uuid.UUID]int64 // worker -> session epoch of this binding
+}
+
+// NewRealtime builds the Socket.IO endpoint; mount it with Server.Handle at
+// "/socket.io/" and call Start.
+func (s *Server) NewRealtime(cfg RealtimeConfig, node joblib.Node, log *slog.Logger) *Realtime {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	rt := &Realtime{
+		svc: s.svc, auth: s.auth, cfg: cfg, node: node, log: log,
+		bound: map[uuid.UUID]*sio.Socket{}, graces: map[uuid.UUID]*time.Timer{},
+		stop: make(chan struct{}), ctx: ctx, cancel: cancel,
+	}
+	rt.io = sio.New(sio.Config{
+		PingInterval:   cfg.PingInterval,
+		PingTimeout:    cfg.PingTimeout,
+		MaxPayload:     cfg.MaxMessageBytes,
+		SendQueue:      cfg.SendQueue,
+		OriginPatterns: cfg.AllowedOrigins,
+		Logger:         log,
+	}, rt)
+	return rt
+}
+
+// ServeHTTP serves /socket.io/.
+func (rt *Realtime) ServeHTTP(w http.ResponseWriter, r *http.Request) { rt.io.ServeHTTP(w, r) }
+
+// IO exposes the Socket.IO server (room sizes, socket counts).
+func (rt *Realtime) IO() *sio.Server { return rt.io }
+
+// Start subscribes to the bus and starts the keep-alive loop.
+func (rt *Realtime) Start() {
+	rt.unsub = rt.svc.Bus().Subscribe(rt.deliver)
+	rt.wg.Go(rt.keepAlive)
+}
+
+// Shutdown closes every connection and stops the loops. Pending disconnect
+// cleanups are dropped, not run: the workers of a node that is shutting down
+// get their grace from reconnecting elsewhere, and startup recovery or the
+// sweeper takes care of the rest.
+func (rt *Realtime) Shutdown(ctx context.Context) error {
+	rt.mu.Lock()
+	if rt.closed {
+		rt.mu.Unlock()
+		return nil
+	}
+	rt.closed = true
+	for id, t := range rt.graces {
+		t.Stop()
+		delete(rt.graces, id)
+	}
+	rt.mu.Unlock()
+	if rt.unsub != nil {
+		rt.unsub()
+	}
+	close(rt.stop)
+	err := rt.io.Shutdown(ctx)
+	rt.cancel()
+	rt.wg.Wait()
+	return err
+}
+
+// deliver sends a committed emission to its room. It never blocks: the
+// Socket.IO server enqueues on each member's bounded queue.
+func (rt *Realtime) deliver(e events.Emission) {
+	if err := rt.io.EmitTo(e.Room, e.Event.EventName(), e.Payload()); err != nil {
+		rt.log.Error("deliver event", "event", e.Event.EventName(), "room", e.Room, "err", err)
+	}
+}
+
+// connectError is a CONNECT refusal.
+type connectError struct{ msg string }
+
+func (e connectError) Error() string { return e.msg }
+
+// OnConnect authenticates a connection from its CONNECT auth payload
+// (`{"token": ...}`), or the handshake's Authorization header or cookie.
+func (rt *Realtime) OnConnect(ctx context.Context, s *sio.Socket, req *http.Request, auth json.RawMessage) error {
+	token := tokenFromAuth(auth)
+	if token == "" {
+		token = tokenFrom(req)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 800*time.Millisecond)
+	defer cancel()
+	p, err := rt.auth.authenticate(ctx, token)
+	if err != nil {
+		if errors.Is(err, joblib.ErrUnauthorized) {
+			return connectError{"Unauthorized"}
+		}
+		rt.log.Error("authenticate socket", "err", err)
+		return connectError{"Authentication unavailable"}
+	}
+	s.SetData(&connState{p: p, workers: map[uuid.UUID]int64{}})
+	return nil
+}
+
+func tokenFromAuth(raw json.RawMessage) string {
+	var a map[string]any
+	if len(raw) == 0 || json.Unmarshal(raw, &a) != nil {
+		return ""
+	}
+	for _, k := range []string{"token", "access_token", "Authorization", "authorization"} {
+		if v, ok := a[k].(string); ok && v != "" {
+			if scheme, tok, ok := strings.Cut(v, " "); ok && strings.EqualFold(scheme, "Bearer") {
+				return tok
+			}
+			return v
+		}
+	}
+	return ""
+}
+
+// ack is the answer to a client event that asked for one.
+type ack struct {
+	OK     bool   `json:"ok"`
+	Status int    `json:"status,omitempty"`
+	Detail string `json:"detail,omitempty"`
+}
+
+// OnEvent handles the client→server events of contract §5.3 plus the UI's
+// join_room/leave_room.
+func (rt *Realtime) OnEvent(ctx context.Context, s *sio.Socket, ev sio.Event, reply sio.AckFunc) {
+	st, _ := s.Data().(*connState)
+	if st == nil {
+		return
+	}
+	res := rt.handle(ctx, s, st, ev)
+	if reply != nil {
+		if err := reply(res); err != nil {
+			rt.log.Debug("ack", "event", ev.Name, "err", err)
+		}
+	} else if !res.OK {
+		rt.log.Debug("client event refused", "event", ev.Name, "status", res.Status, "detail", res.Detail)
+	}
+}
+
+func (rt *Realtime) handle(ctx context.Context, s *sio.Socket, st *connState, ev sio.Event) ack {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var body struct {
+		JobName      *string `json:"job_name"`
+		ProviderName *string `json:"provider_name"`
+		WorkerID     *string `json:"worker_id"`
+		RoomID       *string `json:"room_id"`
+	}
+	if len(ev.Args) > 0 {
+		if err := json.Unmarshal(ev.Args[0], &body); err != nil {
+			return ack{Status: 422, Detail: "the event's argument must be a JSON object"}
+		}
+	}
+	switch ev.Name {
+	case "join_job_room", "leave_job_room":
+		if body.JobName == nil || body.WorkerID == nil {
+			return ack{Status: 422, Detail: "job_name and worker_id are required"}
+		}
+		room := events.JobRoom(*body.JobName)
+		if ev.Name == "leave_job_room" {
+			s.Leave(room)
+			return ack{OK: true}
+		}
+		return rt.joinAsWorker(ctx, s, st, *body.WorkerID, room, func() error { return rt.svc.CheckJob(ctx, *body.JobName) })
+	case "join_provider_room", "leave_provider_room":
+		if body.ProviderName == nil || body.WorkerID == nil {
+			return ack{Status: 422, Detail: "provider_name and worker_id are required"}
+		}
+		room := events.ProviderRoom(*body.ProviderName)
+		if ev.Name == "leave_provider_room" {
+			s.Leave(room)
+			return ack{OK: true}
+		}
+		return rt.joinAsWorker(ctx, s, st, *body.WorkerID, room, func() error { return rt.svc.CheckProvider(ctx, *body.ProviderName) })
+	case "join_room", "leave_room":
+		if body.RoomID == nil {
+			return ack{Status: 422, Detail: "room_id is required"}
+		}
+		if err := joblib.ValidateRoomID(*body.RoomID); err != nil {
+			return errAck(err)
+		}
+		if ev.Name == "leave_room" {
+			s.Leave(events.Room(*body.RoomID))
+		} else {
+			s.Join(events.Room(*body.RoomID))
+		}
+		return ack{OK: true}
+	}
+	return ack{Status: 404, Detail: fmt.Sprintf("unknown event %q", ev.Name)}
+}
+
+// joinAsWorker authorizes a worker's join (the worker is the caller's, the
+// target exists), joins the room and binds the worker to this socket.
+func (rt *Realtime) joinAsWorker(ctx context.Context, s *sio.Socket, st *connState, rawWorker, room string, exists func() error) ack {
+	wid, err := uuid.Parse(rawWorker)
+	if err != nil {
+		return ack{Status: 422, Detail: "worker_id must be a UUID"}
+	}
+	if err := rt.svc.CheckWorker(ctx, st.p, wid); err != nil {
+		return errAck(err)
+	}
+	if err := exists(); err != nil {
+		return errAck(err)
+	}
+	st.mu.Lock()
+	_, already := st.workers[wid]
+	st.mu.Unlock()
+	if !already {
+		epoch, err := rt.svc.BindWorker(ctx, st.p, wid, rt.node)
+		if err != nil {
+			return errAck(err)
+		}
+		st.mu.Lock()
+		st.workers[wid] = epoch
+		st.mu.Unlock()
+		rt.mu.Lock()
+		if t := rt.graces[wid]; t != nil {
+			t.Stop()
+			delete(rt.graces, wid)
+		}
+		rt.bound[wid] = s
+		rt.mu.Unlock()
+	}
+	s.Join(room)
+	return ack{OK: true}
+}
+
+func errAck(err error) ack {
+	if e, ok := joblib.AsError(err); ok {
+		return ack{Status: newProblem(e.Code, e.Detail).Status, Detail: e.Detail}
+	}
+	return ack{Status: 500, Detail: "internal error"}
+}
+
+// OnDisconnect schedules the disconnect cleanup of the socket's workers after
+// the grace window. It is fenced by the session epoch of this socket's
+// binding: a re-join (here or on another node) moves the epoch on and the
+// cleanup then finds nothing to do.
+func (rt *Realtime) OnDisconnect(s *sio.Socket, reason string) {
+	st, _ := s.Data().(*connState)
+	if st == nil {
+		return
+	}
+	st.mu.Lock()
+	workers := st.workers
+	st.workers = map[uuid.UUID]int64{}
+	st.mu.Unlock()
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	for wid, epoch := range workers {
+		if rt.bound[wid] == s {
+			delete(rt.bound, wid)
+		}
+		if rt.closed {
+			continue
+		}
+		rt.log.Info("worker socket closed", "worker", wid, "reason", reason, "grace", rt.cfg.DisconnectGrace)
+		if old := rt.graces[wid]; old != nil {
+			old.Stop()
+		}
+		rt.graces[wid] = time.AfterFunc(rt.cfg.DisconnectGrace, func() { rt.expire(wid, epoch) })
+	}
+}
+
+// expire runs the disconnect cleanup of one worker once its grace is over.
+func (rt *Realtime) expire(wid uuid.UUID, epoch int64) {
+	rt.mu.Lock()
+	delete(rt.graces, wid)
+	closed := rt.closed
+	rt.mu.Unlock()
+	if closed {
+		return
+	}
+	rt.wg.Add(1)
+	defer rt.wg.Done()
+	ctx, cancel := context.WithTimeout(rt.ctx, 30*time.Second)
+	defer cancel()
+	res, err := rt.svc.CleanupWorker(ctx, wid, joblib.DisconnectCleanup(epoch))
+	if err != nil {
+		if !errors.Is(err, context.Canceled) {
+			rt.log.Error("disconnect cleanup", "worker", wid, "err", err)
+		}
+		return
+	}
+	if res.Cleaned == 0 {
+		rt.log.Debug("worker re-attached within grace; kept", "worker", wid)
+	}
+}
+
+// keepAlive refreshes the heartbeats of this node's socket-bound workers.
+func (rt *Realtime) keepAlive() {
+	t := time.NewTicker(rt.cfg.KeepAliveInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-rt.stop:
+			return
+		case <-t.C:
+		}
+		rt.mu.Lock()
+		ids := make([]uuid.UUID, 0, len(rt.bound))
+		for id := range rt.bound {
+			ids = append(ids, id)
+		}
+		rt.mu.Unlock()
+		if len(ids) == 0 {
+			continue
+		}
+		if _, err := rt.svc.KeepAlive(rt.ctx, ids); err != nil && !errors.Is(err, context.Canceled) {
+			rt.log.Error("refresh socket-bound workers", "workers", len(ids), "err", err)
+		}
+	}
+}
