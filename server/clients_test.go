@@ -171,4 +171,3 @@ func TestKilledWorkerReconnectsWithinGrace(t *testing.T) {
 		e.do(e.alice, "PATCH", api+"/workers/"+wid, nil).want(200)
 	})
 }
-
