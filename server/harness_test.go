@@ -26,7 +26,7 @@ type env struct {
 	t     testing.TB
 	db    *models.DB
 	svc   *joblib.Service
-	bus   *events.LocalBus
+	bus   events.Bus
 	rec   *recorder
 	srv   *httptest.Server
 	url   string
@@ -41,6 +41,12 @@ type setupOpts struct {
 	serverCfg   *server.Config
 	publicReads bool
 	realtime    *server.RealtimeConfig
+	bus         events.Bus
+}
+
+// withBus uses bus instead of a fresh in-process bus.
+func withBus(b events.Bus) func(*setupOpts) {
+	return func(o *setupOpts) { o.bus = b }
 }
 
 // withRealtime mounts the Socket.IO endpoint with cfg.
@@ -50,6 +56,24 @@ func withRealtime(cfg server.RealtimeConfig) func(*setupOpts) {
 
 func setup(t testing.TB, db *models.DB, opts ...func(*setupOpts)) *env {
 	t.Helper()
+	e := setupNoUsers(t, db, opts...)
+	ctx := context.Background()
+	var err error
+	if e.admin, _, err = e.svc.CreateToken(ctx, "admin", true); err != nil {
+		t.Fatal(err)
+	}
+	if e.alice, _, err = e.svc.CreateToken(ctx, "alice", false); err != nil {
+		t.Fatal(err)
+	}
+	if e.bob, _, err = e.svc.CreateToken(ctx, "bob", false); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// setupNoUsers starts the API without creating users.
+func setupNoUsers(t testing.TB, db *models.DB, opts ...func(*setupOpts)) *env {
+	t.Helper()
 	var o setupOpts
 	for _, f := range opts {
 		f(&o)
@@ -58,7 +82,10 @@ func setup(t testing.TB, db *models.DB, opts ...func(*setupOpts)) *env {
 	if o.settings != nil {
 		st = *o.settings
 	}
-	bus := events.NewLocalBus()
+	var bus events.Bus = events.NewLocalBus()
+	if o.bus != nil {
+		bus = o.bus
+	}
 	rec := &recorder{}
 	unsub := bus.Subscribe(rec.add)
 	svc := joblib.New(joblib.Config{DB: db, Bus: bus, Settings: st})
@@ -87,19 +114,7 @@ func setup(t testing.TB, db *models.DB, opts ...func(*setupOpts)) *env {
 		unsub()
 		svc.Close()
 	})
-	e := &env{t: t, db: db, svc: svc, bus: bus, rec: rec, srv: srv, url: srv.URL, rt: rt}
-	ctx := context.Background()
-	var err error
-	if e.admin, _, err = svc.CreateToken(ctx, "admin", true); err != nil {
-		t.Fatal(err)
-	}
-	if e.alice, _, err = svc.CreateToken(ctx, "alice", false); err != nil {
-		t.Fatal(err)
-	}
-	if e.bob, _, err = svc.CreateToken(ctx, "bob", false); err != nil {
-		t.Fatal(err)
-	}
-	return e
+	return &env{t: t, db: db, svc: svc, bus: bus, rec: rec, srv: srv, url: srv.URL, rt: rt}
 }
 
 func withSettings(f func(*joblib.Settings)) func(*setupOpts) {

@@ -1,0 +1,81 @@
+package server_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/zndraw/joblib/events"
+	"github.com/zndraw/joblib/internal/dbtest"
+	"github.com/zndraw/joblib/models"
+)
+
+// twoNodes starts two API nodes on one PostgreSQL schema, each with its own
+// pool and NOTIFY bus, sharing users and tokens.
+func twoNodes(t *testing.T) (a, b *env) {
+	t.Helper()
+	url := dbtest.URL(t, models.Postgres)
+	ctx := context.Background()
+	node := func(name string) (*models.DB, events.Bus) {
+		db, err := models.Open(ctx, url, models.OpenOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { db.Close() })
+		if _, err := db.Migrate(ctx); err != nil {
+			t.Fatal(err)
+		}
+		bus := events.NewPGBus(db.Pool, name, nil)
+		if err := bus.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(bus.Stop)
+		return db, bus
+	}
+	dbA, busA := node("a")
+	dbB, busB := node("b")
+	a = setup(t, dbA, withBus(busA), withRealtime(realtimeCfg()))
+	// The second node shares the first node's users: reuse its tokens.
+	return a, setupShared(t, dbB, busB, a)
+}
+
+// setupShared is setup for a node whose users already exist.
+func setupShared(t *testing.T, db *models.DB, bus events.Bus, first *env) *env {
+	t.Helper()
+	e := setupNoUsers(t, db, withBus(bus), withRealtime(realtimeCfg()))
+	e.admin, e.alice, e.bob = first.admin, first.alice, first.bob
+	return e
+}
+
+// TestTwoNodesShareEvents: a long-poll on node B is woken by a completion on
+// node A, and a UI connected to node B receives node A's events.
+func TestTwoNodesShareEvents(t *testing.T) {
+	t.Parallel()
+	a, b := twoNodes(t)
+	wid := a.registerJob(a.alice, "mn", "modifiers", "Job")["worker_id"].(string)
+	ui := mustDialSIO(t, b.url, b.bob)
+	ui.mustCall("join_room", map[string]any{"room_id": "mn"})
+
+	id := a.submit(a.bob, "mn", "mn:modifiers:Job", nil)
+	ui.waitEvent("task_status_event", 3*time.Second, func(p map[string]any) bool { return p["id"] == id && p["status"] == "pending" })
+	a.claim(a.alice, wid)
+	a.patch(a.alice, id, "running").want(200)
+
+	done := make(chan resp, 1)
+	go func() { done <- b.do(b.alice, "GET", api+"/tasks/"+id, nil, "Prefer: wait=10") }()
+	time.Sleep(200 * time.Millisecond)
+	a.patch(a.alice, id, "completed").want(200)
+	completed := time.Now()
+	select {
+	case r := <-done:
+		if r.want(200).M()["status"] != "completed" {
+			t.Fatalf("long-poll on node B saw %s", r.Body)
+		}
+		if lag := time.Since(completed); lag > time.Second {
+			t.Fatalf("node B's long-poll woke %s after node A's completion", lag)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("node B's long-poll was not woken by node A's completion")
+	}
+	ui.waitEvent("task_status_event", 3*time.Second, func(p map[string]any) bool { return p["id"] == id && p["status"] == "completed" })
+}
