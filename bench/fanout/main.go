@@ -31,6 +31,7 @@ import (
 	"os/exec"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -56,6 +57,7 @@ type options struct {
 	payload  int
 	timeout  time.Duration
 	dialers  int
+	cpuprof  string
 	role     string
 	url      string
 }
@@ -69,6 +71,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.IntVar(&o.payload, "payload", 100, "bytes of padding per event")
 	fs.DurationVar(&o.timeout, "timeout", 3*time.Minute, "hard limit for the whole run")
 	fs.IntVar(&o.dialers, "dialers", 64, "parallel dials")
+	fs.StringVar(&o.cpuprof, "cpuprofile", "", "write a CPU profile of the server during the broadcast phase")
 	fs.StringVar(&o.role, "role", "server", "server (parent) or clients (child, internal)")
 	fs.StringVar(&o.url, "url", "", "server URL (child only)")
 	if err := fs.Parse(args); err != nil {
@@ -199,6 +202,17 @@ func runServer(ctx context.Context, o options, stdout io.Writer) error {
 	goroutinesAfter := runtime.NumGoroutine()
 
 	// Phase 2: broadcast timestamped events.
+	if o.cpuprof != "" {
+		f, err := os.Create(o.cpuprof)
+		if err != nil {
+			return fmt.Errorf("create profile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("start profile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	pad := strings.Repeat("x", o.payload)
 	var slowestEmit time.Duration
 	for i := range o.events {
