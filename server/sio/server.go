@@ -255,7 +255,10 @@ func (srv *Server) EmitTo(room, event string, args ...any) error {
 	}
 	members := srv.rooms.snapshot(room)
 	for _, sock := range *members {
-		_ = sock.send(m)
+		_ = sock.sendQuiet(m)
+	}
+	for _, sock := range *members {
+		sock.sess.q.signal()
 	}
 	srv.rooms.release(members)
 	return nil

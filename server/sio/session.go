@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/coder/websocket"
@@ -50,6 +51,18 @@ type sendQueue struct {
 }
 
 func (q *sendQueue) push(m outMsg) error {
+	if err := q.pushQuiet(m); err != nil {
+		return err
+	}
+	q.signal()
+	return nil
+}
+
+// pushQuiet enqueues without waking the consumer; the caller signals later. A
+// broadcast pushes to every member first and wakes them afterwards, so that it
+// does not compete for queue locks with writers it has just woken (a parked
+// broadcaster would wait behind every runnable writer).
+func (q *sendQueue) pushQuiet(m outMsg) error {
 	q.mu.Lock()
 	if q.closed {
 		q.mu.Unlock()
@@ -61,7 +74,6 @@ func (q *sendQueue) push(m outMsg) error {
 	}
 	q.items = append(q.items, m)
 	q.mu.Unlock()
-	q.signal()
 	return nil
 }
 
@@ -142,6 +154,9 @@ type session struct {
 	abort context.CancelFunc
 
 	q sendQueue
+	// dropOutput is set by an immediate close: the writer stops even in the
+	// middle of a batch it has already taken.
+	dropOutput atomic.Bool
 
 	// inMu serialises inbound packet handling: during an upgrade both transports
 	// may deliver packets.
@@ -298,6 +313,7 @@ func (s *session) close(reason string, flush bool) {
 	}
 	s.mu.Unlock()
 
+	s.dropOutput.Store(!flush)
 	s.q.close(flush)
 	s.cancel()
 	if sock != nil {

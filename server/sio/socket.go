@@ -230,6 +230,13 @@ func (s *Socket) Close(reason string) {
 
 // send enqueues m, or holds it back while OnConnect runs.
 func (s *Socket) send(m outMsg) error {
+	err := s.sendQuiet(m)
+	s.sess.q.signal()
+	return err
+}
+
+// sendQuiet is send without waking the writer; see sendQueue.pushQuiet.
+func (s *Socket) sendQuiet(m outMsg) error {
 	s.mu.Lock()
 	var err error
 	switch s.state {
@@ -242,7 +249,7 @@ func (s *Socket) send(m outMsg) error {
 			s.held = append(s.held, m)
 		}
 	default:
-		err = s.sess.q.push(m)
+		err = s.sess.q.pushQuiet(m)
 	}
 	s.mu.Unlock()
 	if errors.Is(err, errQueueFull) {

@@ -162,13 +162,16 @@ func (s *session) runWriter(conn *websocket.Conn) {
 	for {
 		batch = s.q.take(batch)
 		for _, m := range batch {
+			if s.dropOutput.Load() {
+				break
+			}
 			if err := s.writeMsg(conn, m); err != nil {
 				s.close(ReasonTransportError, false)
 				_ = conn.CloseNow()
 				return
 			}
 		}
-		if len(batch) > 0 {
+		if len(batch) > 0 && !s.dropOutput.Load() {
 			continue
 		}
 		if s.q.isClosed() {
