@@ -56,12 +56,13 @@ func DefaultRealtimeConfig() RealtimeConfig {
 // went away (and did not come back within the grace window) through
 // CleanupWorker.
 type Realtime struct {
-	svc  *joblib.Service
-	auth *authenticator
-	cfg  RealtimeConfig
-	node joblib.Node
-	log  *slog.Logger
-	io   *sio.Server
+	svc         *joblib.Service
+	auth        *authenticator
+	publicReads bool
+	cfg         RealtimeConfig
+	node        joblib.Node
+	log         *slog.Logger
+	io          *sio.Server
 
 	mu     sync.Mutex
 	bound  map[uuid.UUID]*sio.Socket // worker -> its socket on this node
@@ -78,6 +79,7 @@ type Realtime struct {
 // connState is what a socket carries: who it is, and the workers it bound.
 type connState struct {
 	p       joblib.Principal
+	anon    bool // connected without credentials under PublicReads: rooms only
 	mu      sync.Mutex
 	workers map[uuid.UUID]int64 // worker -> session epoch of this binding
 }
@@ -90,7 +92,7 @@ func (s *Server) NewRealtime(cfg RealtimeConfig, node joblib.Node, log *slog.Log
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	rt := &Realtime{
-		svc: s.svc, auth: s.auth, cfg: cfg, node: node, log: log,
+		svc: s.svc, auth: s.auth, publicReads: s.cfg.PublicReads, cfg: cfg, node: node, log: log,
 		bound: map[uuid.UUID]*sio.Socket{}, graces: map[uuid.UUID]*time.Timer{},
 		stop: make(chan struct{}), ctx: ctx, cancel: cancel,
 	}
@@ -158,10 +160,16 @@ func (e connectError) Error() string { return e.msg }
 
 // OnConnect authenticates a connection from its CONNECT auth payload
 // (`{"token": ...}`), or the handshake's Authorization header or cookie.
+// Under PublicReads a connection without credentials is let in to follow
+// rooms, but it cannot act for a worker.
 func (rt *Realtime) OnConnect(ctx context.Context, s *sio.Socket, req *http.Request, auth json.RawMessage) error {
 	token := tokenFromAuth(auth)
 	if token == "" {
 		token = tokenFrom(req)
+	}
+	if token == "" && rt.publicReads {
+		s.SetData(&connState{anon: true, workers: map[uuid.UUID]int64{}})
+		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, 800*time.Millisecond)
 	defer cancel()
@@ -272,6 +280,9 @@ func (rt *Realtime) handle(ctx context.Context, s *sio.Socket, st *connState, ev
 // joinAsWorker authorizes a worker's join (the worker is the caller's, the
 // target exists), joins the room and binds the worker to this socket.
 func (rt *Realtime) joinAsWorker(ctx context.Context, s *sio.Socket, st *connState, rawWorker, room string, exists func() error) ack {
+	if st.anon {
+		return ack{Status: 401, Detail: "Unauthorized"}
+	}
 	wid, err := uuid.Parse(rawWorker)
 	if err != nil {
 		return ack{Status: 422, Detail: "worker_id must be a UUID"}

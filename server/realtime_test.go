@@ -200,3 +200,22 @@ func TestSocketKeepsBoundWorkerAlive(t *testing.T) {
 		waitFor(t, 3*time.Second, func() bool { return heartbeat() > first })
 	})
 }
+
+// TestSocketAnonymousUnderPublicReads: with public reads, a UI without a token
+// may follow a room but may not act for a worker; a wrong token is still refused.
+func TestSocketAnonymousUnderPublicReads(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		e := setup(t, db, withRealtime(realtimeCfg()), func(o *setupOpts) { o.publicReads = true })
+		if _, err := dialSIO(t, e.url, "jl_wrong"); err == nil {
+			t.Fatal("a wrong token was accepted")
+		}
+		ui := mustDialSIO(t, e.url, "")
+		ui.mustCall("join_room", map[string]any{"room_id": "pub"})
+		wid := e.registerJob(e.alice, "pub", "modifiers", "Job")["worker_id"].(string)
+		ui.waitEvent("jobs_invalidate", 2*time.Second, nil)
+		if a := ui.call("join_job_room", map[string]any{"job_name": "pub:modifiers:Job", "worker_id": wid}); a["status"] != 401.0 {
+			t.Fatalf("anonymous worker join: %v, want 401", a)
+		}
+	})
+}
