@@ -44,7 +44,9 @@ func startCache(t *testing.T, c ResultCache) {
 	t.Cleanup(c.Stop)
 }
 
-func key() ResultKey { return ResultKey{ProviderID: uuid.New(), Hash: RequestHash(map[string]string{"n": uuid.NewString()})} }
+func key() ResultKey {
+	return ResultKey{ProviderID: uuid.New(), Hash: RequestHash(map[string]string{"n": uuid.NewString()})}
+}
 
 func TestResultCacheStoreGetExpire(t *testing.T) {
 	t.Parallel()
