@@ -260,7 +260,12 @@ func (r *internalRunner) run(ctx context.Context, it internalItem) {
 		s.finishInternal(ctx, it.task.ID, models.StatusRunning, models.StatusFailed, nil, ErrInternalTimeout)
 		s.log.Warn("internal task timed out", "job", it.job.FullName(), "task_id", it.task.ID, "timeout", timeout)
 		if !finished {
-			<-done // keep the pool bounded: the slot frees when the handler returns
+			// Keep the pool bounded: the slot frees when the handler
+			// returns, or when the executor stops.
+			select {
+			case <-done:
+			case <-ctx.Done():
+			}
 		}
 	case hctx.Err() != nil && errors.Is(cause, startstop.ErrStop):
 		s.finishInternal(ctx, it.task.ID, models.StatusRunning, models.StatusFailed, nil, ErrInternalStopped)
