@@ -731,11 +731,15 @@ func TestProviderClientRequestFlow(t *testing.T) {
 	t.Parallel()
 	each(t, func(t *testing.T, e *env) {
 		id := e.provider(e.admin, "@global", "filesystem", "local")
+		// the handler runs once the first read has answered, as in the SDK test
+		gate := make(chan struct{})
 		w := serveProvider(t, e.bus, e.url, e.admin, id, "@global:filesystem:local", func(map[string]string) []byte {
+			<-gate
 			return []byte(`[{"name":"file.xyz","size":42}]`)
 		})
 		params := map[string]string{"path": "/"}
 		e.readProvider(e.alice, "room-1", "@global:filesystem:local", params, "Prefer: wait=0").problem(504, "provider-timeout")
+		close(gate)
 		waitFor(t, 5*time.Second, func() bool {
 			return e.readProvider(e.alice, "room-1", "@global:filesystem:local", params, "Prefer: wait=0").Status == 200
 		})
