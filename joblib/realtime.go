@@ -46,17 +46,25 @@ func (s *Service) CheckJob(ctx context.Context, fullName string) error {
 	return err
 }
 
-// CheckProvider verifies that a provider with this full name exists.
-func (s *Service) CheckProvider(ctx context.Context, fullName string) error {
+// CheckProvider verifies that a provider with this full name exists and
+// belongs to the caller (its requests carry the readers' parameters, so only
+// its owner may listen to them).
+func (s *Service) CheckProvider(ctx context.Context, p Principal, fullName string) error {
 	room, cat, name, ok := SplitFullName(fullName)
 	if !ok {
 		return errf(CodeProviderNotFound, "Invalid provider name format: %s", fullName)
 	}
-	_, err := s.db.Q(ctx).ProviderByKey(room, cat, name)
+	prov, err := s.db.Q(ctx).ProviderByKey(room, cat, name, false)
 	if errors.Is(err, models.ErrNotFound) {
 		return errf(CodeProviderNotFound, "Provider '%s' not found", fullName)
 	}
-	return err
+	if err != nil {
+		return err
+	}
+	if prov.UserID != p.ID && !p.Superuser {
+		return errf(CodeForbidden, "Provider belongs to different user")
+	}
+	return nil
 }
 
 // KeepAlive refreshes the heartbeat of workers whose sockets are open on this

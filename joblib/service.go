@@ -1,6 +1,7 @@
 package joblib
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
@@ -27,6 +28,7 @@ type Service struct {
 	internal  map[string]InternalJob
 	observers []CleanupObserver
 	runner    *internalRunner
+	cache     ResultCache
 }
 
 // Config is what a Service is built from.
@@ -35,6 +37,9 @@ type Config struct {
 	Bus      events.Bus   // default: a new in-process LocalBus
 	Logger   *slog.Logger // default: discard
 	Settings Settings     // zero value: DefaultSettings()
+	// ResultCache holds provider results. Default: the PostgreSQL cache on a
+	// PostgreSQL database (readers on every node are woken), else in memory.
+	ResultCache ResultCache
 }
 
 // New builds a Service. Call Close when done.
@@ -48,6 +53,12 @@ func New(cfg Config) *Service {
 	if cfg.Settings.WorkerTimeout == 0 {
 		cfg.Settings = DefaultSettings()
 	}
+	def := DefaultSettings()
+	cfg.Settings.ProviderMaxResultBytes = cmp.Or(cfg.Settings.ProviderMaxResultBytes, def.ProviderMaxResultBytes)
+	cfg.Settings.InternalWorkers = cmp.Or(cfg.Settings.InternalWorkers, def.InternalWorkers)
+	if cfg.ResultCache == nil {
+		cfg.ResultCache = DefaultResultCache(cfg.DB, cfg.Logger)
+	}
 	s := &Service{
 		db:       cfg.DB,
 		bus:      cfg.Bus,
@@ -56,17 +67,58 @@ func New(cfg Config) *Service {
 		watch:    newTaskWatch(),
 		draining: make(chan struct{}),
 		internal: map[string]InternalJob{},
+		cache:    cfg.ResultCache,
 	}
+	s.runner = newInternalRunner(s)
 	s.unsubbus = s.bus.Subscribe(s.watch.observe)
 	return s
 }
 
-// Close detaches the service from its bus.
-func (s *Service) Close() { s.unsubbus() }
+// Start runs the service's background parts: the result cache's upkeep
+// (expiry, cross-node listener) and the @internal task executor. Stop ends
+// them; both follow the start/stop contract (Stop is idempotent and blocks).
+func (s *Service) Start(ctx context.Context) error {
+	if err := s.cache.Start(ctx); err != nil {
+		return err
+	}
+	if err := s.runner.Start(ctx); err != nil {
+		s.cache.Stop()
+		return err
+	}
+	return nil
+}
+
+// Stop ends what Start started, the executor first (its last writes still
+// need the database), then the cache.
+func (s *Service) Stop() {
+	s.runner.Stop()
+	s.cache.Stop()
+}
+
+// Close stops the service and detaches it from its bus.
+func (s *Service) Close() {
+	s.Stop()
+	s.unsubbus()
+}
 
 // Drain ends every long-poll at once with the current state, so a shutting
 // down server does not wait out their timeouts; clients simply poll again.
 func (s *Service) Drain() { s.drainOne.Do(func() { close(s.draining) }) }
+
+// ResultCache is where provider results are kept.
+func (s *Service) ResultCache() ResultCache { return s.cache }
+
+// DefaultResultCache picks the cache for a database: PostgreSQL's (shared by
+// every node) or, for SQLite and a nil db, one in this process's memory.
+func DefaultResultCache(db *models.DB, log *slog.Logger) ResultCache {
+	if db != nil && db.Dialect() == models.Postgres {
+		c, err := models.NewPGResultCache(db, models.PGResultCacheConfig{Logger: log.With("component", "resultcache")})
+		if err == nil {
+			return c
+		}
+	}
+	return NewMemoryResultCache()
+}
 
 // DB is the database the service runs on.
 func (s *Service) DB() *models.DB { return s.db }

@@ -34,6 +34,15 @@ type Settings struct {
 	ProviderLongPollDefault time.Duration `env:"PROVIDER_LONG_POLL_DEFAULT" envDefault:"5s"`
 	// ProviderLongPollMax caps a provider read's `Prefer: wait=N`.
 	ProviderLongPollMax time.Duration `env:"PROVIDER_LONG_POLL_MAX" envDefault:"30s"`
+	// ProviderMaxResultBytes caps one uploaded provider result; a larger
+	// upload answers 413 and stores nothing.
+	ProviderMaxResultBytes int64 `env:"PROVIDER_MAX_RESULT_BYTES" envDefault:"16777216"`
+	// InternalWorkers is how many @internal tasks run at once inside the server.
+	InternalWorkers int `env:"INTERNAL_WORKERS" envDefault:"4"`
+	// InternalQueue is how many @internal tasks may wait for a worker; a
+	// submission beyond it fails at once ("Failed to dispatch to internal
+	// executor") rather than blocking the request.
+	InternalQueue int `env:"INTERNAL_QUEUE" envDefault:"256"`
 }
 
 // DefaultSettings returns the documented defaults.
@@ -48,6 +57,9 @@ func DefaultSettings() Settings {
 		ProviderInflightTTL:     30 * time.Second,
 		ProviderLongPollDefault: 5 * time.Second,
 		ProviderLongPollMax:     30 * time.Second,
+		ProviderMaxResultBytes:  16 << 20,
+		InternalWorkers:         4,
+		InternalQueue:           256,
 	}
 }
 
@@ -69,6 +81,15 @@ func (s Settings) Validate() error {
 		if d < 0 {
 			return fmt.Errorf("%s must not be negative, got %s", name, d)
 		}
+	}
+	if s.ProviderMaxResultBytes <= 0 {
+		return fmt.Errorf("JOBLIB_PROVIDER_MAX_RESULT_BYTES must be positive, got %d", s.ProviderMaxResultBytes)
+	}
+	if s.InternalWorkers <= 0 {
+		return fmt.Errorf("JOBLIB_INTERNAL_WORKERS must be positive, got %d", s.InternalWorkers)
+	}
+	if s.InternalQueue < 0 {
+		return fmt.Errorf("JOBLIB_INTERNAL_QUEUE must not be negative, got %d", s.InternalQueue)
 	}
 	if len(s.AllowedCategories) == 0 {
 		return fmt.Errorf("JOBLIB_ALLOWED_CATEGORIES must name at least one category")

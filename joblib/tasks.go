@@ -53,6 +53,7 @@ func (s *Service) SubmitTask(ctx context.Context, p Principal, room, fullName st
 	var (
 		task     Task
 		internal InternalJob
+		reserved bool // an executor slot is held for this task
 	)
 	err = s.mutate(ctx, func(q *models.Q, em *events.Set) error {
 		j, err := resolveJob(q, fullName)
@@ -67,9 +68,28 @@ func (s *Service) SubmitTask(ctx context.Context, p Principal, room, fullName st
 			}
 			// The server itself claims internal tasks; no worker ever sees them.
 			status = models.StatusClaimed
+			if !reserved {
+				reserved = s.runner.reserve()
+			}
 		}
 		creator := p.ID
-		t, err := q.InsertTask(uuid.New(), j.ID, room, &creator, body, status)
+		id := uuid.New()
+		if j.RoomID == RoomInternal && !reserved {
+			// The executor cannot take it (stopped, or its queue is full): the
+			// contract's dispatch failure — stored failed, answered 202
+			// without Location, no events.
+			if _, err := q.InsertTask(id, j.ID, room, &creator, body, models.StatusPending); err != nil {
+				return err
+			}
+			msg := ErrInternalDispatch
+			if _, err := q.TransitionTask(id, models.StatusPending, models.StatusFailed, nil, &msg); err != nil {
+				return err
+			}
+			t, err := q.GetTask(id)
+			task = taskView(t)
+			return err
+		}
+		t, err := q.InsertTask(id, j.ID, room, &creator, body, status)
 		if err != nil {
 			return err
 		}
@@ -81,10 +101,13 @@ func (s *Service) SubmitTask(ctx context.Context, p Principal, room, fullName st
 		return nil
 	})
 	if err != nil {
+		if reserved {
+			s.runner.release()
+		}
 		return Task{}, err
 	}
-	if internal.Handler != nil {
-		s.dispatchInternal(ctx, internal, task)
+	if reserved {
+		s.runner.submit(ctx, internalItem{job: internal, task: task})
 	}
 	return task, nil
 }

@@ -75,6 +75,8 @@ type Task struct {
 	Payload       json.RawMessage `json:"payload"`
 	QueuePosition *int64          `json:"queue_position"`
 	Attempt       int             `json:"attempt"`
+	// Result is what an @internal job returned (null for external tasks).
+	Result json.RawMessage `json:"result"`
 }
 
 // Terminal reports whether the task reached a final status.
@@ -121,12 +123,16 @@ func jobView(j models.Job, workers []uuid.UUID, workerID *uuid.UUID) Job {
 }
 
 func taskView(t models.Task) Task {
-	return Task{
+	v := Task{
 		ID: t.ID, JobName: t.JobFullName(), RoomID: t.RoomID, Status: t.Status,
 		CreatedAt: wireTime(t.CreatedAt), StartedAt: wireTime(t.StartedAt), CompletedAt: wireTime(t.CompletedAt),
 		WorkerID: t.WorkerID, Error: t.Error, Payload: rawJSON(t.Payload), QueuePosition: t.QueuePosition,
 		Attempt: t.Attempt,
 	}
+	if t.Result != nil {
+		v.Result = json.RawMessage(*t.Result)
+	}
+	return v
 }
 
 func providerView(p models.Provider) Provider {

@@ -135,3 +135,13 @@ func (q *Q) SetJobPolicy(id uuid.UUID, onWorkerLoss string, maxAttempts int) err
 	}
 	return nil
 }
+
+// SetJobDeleted sets a job's soft-delete flag directly (operators; tests of
+// reactivation for @internal jobs, which the orphan rule never deletes).
+func (q *Q) SetJobDeleted(id uuid.UUID, deleted bool) error {
+	err := q.g.Exec("UPDATE jobs SET deleted = ?, deleted_at = CASE WHEN ? THEN "+q.now()+" ELSE NULL END WHERE id = ?", deleted, deleted, id).Error
+	if err != nil {
+		return fmt.Errorf("set job deleted: %w", mapErr(err))
+	}
+	return nil
+}

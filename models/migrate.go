@@ -248,6 +248,40 @@ CREATE INDEX cleanup_events_worker_idx ON cleanup_events (worker_id);
 CREATE INDEX cleanup_events_created_idx ON cleanup_events (created_at);
 `,
 	},
+	// Version 2 is reserved for the sweeper branch; Migrate applies whatever
+	// versions a database lacks, in slice order, so the gap is harmless.
+	{
+		version: 3,
+		name:    "provider result cache and internal task results",
+		// Cached provider results live in UNLOGGED tables: they are a cache
+		// (losing them in a crash only costs a re-dispatch) and skipping the
+		// WAL keeps uploads cheap. Keys are (provider id, request hash), so a
+		// provider registered anew under the same name never sees the old
+		// entries.
+		postgres: `
+CREATE UNLOGGED TABLE provider_results (
+	provider_id  uuid NOT NULL,
+	request_hash text NOT NULL,
+	body         bytea NOT NULL,
+	expires_at   timestamptz NOT NULL,
+	created_at   timestamptz NOT NULL DEFAULT now(),
+	PRIMARY KEY (provider_id, request_hash)
+);
+CREATE INDEX provider_results_expiry_idx ON provider_results (expires_at);
+CREATE UNLOGGED TABLE provider_inflight (
+	provider_id  uuid NOT NULL,
+	request_hash text NOT NULL,
+	expires_at   timestamptz NOT NULL,
+	PRIMARY KEY (provider_id, request_hash)
+);
+CREATE INDEX provider_inflight_expiry_idx ON provider_inflight (expires_at);
+ALTER TABLE tasks ADD COLUMN result text;
+`,
+		// SQLite deployments are one process: the result cache is in memory.
+		sqlite: `
+ALTER TABLE tasks ADD COLUMN result TEXT;
+`,
+	},
 }
 
 // Migrate brings the schema to the newest version. It is safe to run from

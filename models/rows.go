@@ -62,6 +62,8 @@ type Task struct {
 	StartedAt    Time
 	CompletedAt  Time
 	Error        *string
+	// Result is the JSON result an internal job stored (nil otherwise).
+	Result *string
 
 	// Joined from the task's job (the job may be soft-deleted).
 	JobRoom       *string

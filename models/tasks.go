@@ -8,7 +8,7 @@ import (
 )
 
 const taskSelect = `SELECT t.id, t.seq, t.job_id, t.worker_id, t.lost_worker_id, t.room_id, t.created_by_id, t.payload, t.status, t.attempt,
- t.created_at, t.claimed_at, t.started_at, t.completed_at, t.error,
+ t.created_at, t.claimed_at, t.started_at, t.completed_at, t.error, t.result,
  j.room_id AS job_room, j.category AS job_category, j.name AS job_name, j.on_worker_loss, j.max_attempts,
  CASE WHEN t.status = 'pending' THEN (SELECT count(*) FROM tasks p WHERE p.job_id = t.job_id AND p.status = 'pending' AND p.seq <= t.seq) END AS queue_position
  FROM tasks t LEFT JOIN jobs j ON j.id = t.job_id `

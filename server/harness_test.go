@@ -37,6 +37,7 @@ type env struct {
 }
 
 type setupOpts struct {
+	beforeStart func(*joblib.Service) // e.g. RegisterInternal
 	settings    *joblib.Settings
 	serverCfg   *server.Config
 	publicReads bool
@@ -89,6 +90,12 @@ func setupNoUsers(t testing.TB, db *models.DB, opts ...func(*setupOpts)) *env {
 	rec := &recorder{}
 	unsub := bus.Subscribe(rec.add)
 	svc := joblib.New(joblib.Config{DB: db, Bus: bus, Settings: st})
+	if o.beforeStart != nil {
+		o.beforeStart(svc)
+	}
+	if err := svc.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	cfg := server.DefaultConfig()
 	if o.serverCfg != nil {
 		cfg = *o.serverCfg

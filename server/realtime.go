@@ -259,7 +259,7 @@ func (rt *Realtime) handle(ctx context.Context, s *sio.Socket, st *connState, ev
 			s.Leave(room)
 			return ack{OK: true}
 		}
-		return rt.joinAsWorker(ctx, s, st, *body.WorkerID, room, func() error { return rt.svc.CheckProvider(ctx, *body.ProviderName) })
+		return rt.joinAsWorker(ctx, s, st, *body.WorkerID, room, func() error { return rt.svc.CheckProvider(ctx, st.p, *body.ProviderName) })
 	case "join_room", "leave_room":
 		if body.RoomID == nil {
 			return ack{Status: 422, Detail: "room_id is required"}

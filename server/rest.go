@@ -35,6 +35,7 @@ func (s *Server) routes() {
 	m.HandleFunc("POST "+prefix+"/tasks/claim", s.claimTask)
 	m.HandleFunc("GET "+prefix+"/tasks/{id}", s.read(s.getTask))
 	m.HandleFunc("PATCH "+prefix+"/tasks/{id}", s.updateTask)
+	s.routesProviders()
 
 	m.HandleFunc("GET /healthz", s.healthz)
 	m.HandleFunc("GET /readyz", s.readyz)

@@ -113,14 +113,26 @@ func startServe(t *testing.T, env ...string) *proc {
 	return p
 }
 
+// base is the REST root of the running server.
+func (p *proc) base() string { return "http://" + p.addr + "/v1/joblib" }
+
+// call sends body as JSON and decodes a JSON object answer.
 func call(t *testing.T, method, url, token string, body any, hdr ...string) (int, http.Header, map[string]any) {
 	t.Helper()
-	var rd io.Reader
+	var raw []byte
 	if body != nil {
-		b, _ := json.Marshal(body)
-		rd = bytes.NewReader(b)
+		raw, _ = json.Marshal(body)
 	}
-	req, _ := http.NewRequest(method, url, rd)
+	st, out, h := callRaw(t, method, url, token, raw, hdr...)
+	var m map[string]any
+	_ = json.Unmarshal(out, &m)
+	return st, h, m
+}
+
+// callRaw sends body as is and returns the raw answer.
+func callRaw(t *testing.T, method, url, token string, body []byte, hdr ...string) (int, []byte, http.Header) {
+	t.Helper()
+	req, _ := http.NewRequest(method, url, bytes.NewReader(body))
 	req.Header.Set("Authorization", "Bearer "+token)
 	for _, h := range hdr {
 		k, v, _ := strings.Cut(h, ":")
@@ -131,10 +143,8 @@ func call(t *testing.T, method, url, token string, body any, hdr ...string) (int
 		t.Fatalf("%s %s: %v", method, url, err)
 	}
 	defer res.Body.Close()
-	var m map[string]any
 	raw, _ := io.ReadAll(res.Body)
-	_ = json.Unmarshal(raw, &m)
-	return res.StatusCode, res.Header, m
+	return res.StatusCode, raw, res.Header
 }
 
 // TestServeEndToEnd runs the real binary on a temporary SQLite file with an

@@ -44,6 +44,19 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	if err := bootstrapAuth(ctx, cfg, svc, log, stdout); err != nil {
 		return err
 	}
+	// Internal jobs run inside this process; their job rows are ensured
+	// before the first request so submissions find them.
+	if err := svc.RegisterInternal(joblib.RoomSummaryJob(svc)); err != nil {
+		return err
+	}
+	if err := svc.EnsureInternalJobs(ctx); err != nil {
+		return err
+	}
+	// Result cache upkeep (and, on PostgreSQL, the cross-node LISTEN) and the
+	// internal executor; svc.Close stops them after the HTTP drain.
+	if err := svc.Start(ctx); err != nil {
+		return err
+	}
 
 	srv := server.New(svc, cfg.Server, log.With("component", "http"))
 	rt := srv.NewRealtime(cfg.Realtime, node, log.With("component", "socketio"))

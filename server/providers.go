@@ -1,0 +1,234 @@
+package server
+
+import (
+	"encoding/json"
+	"mime"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+	"github.com/zndraw/joblib/joblib"
+)
+
+func (s *Server) routesProviders() {
+	m := s.mux
+	m.HandleFunc("PUT "+prefix+"/rooms/{room}/providers", s.registerProvider)
+	m.HandleFunc("GET "+prefix+"/rooms/{room}/providers", s.read(s.listProviders))
+	m.HandleFunc("GET "+prefix+"/rooms/{room}/providers/{name...}", s.providerInfoOrRead)
+	m.HandleFunc("DELETE "+prefix+"/providers/{id}", s.deleteProvider)
+	m.HandleFunc("POST "+prefix+"/providers/{id}/results", s.uploadProviderResult)
+}
+
+type registerProviderBody struct {
+	Category    *string         `json:"category"`
+	Name        *string         `json:"name"`
+	Schema      json.RawMessage `json:"schema"`
+	SchemaAlias json.RawMessage `json:"schema_"`
+	ContentType *string         `json:"content_type"`
+	WorkerID    *uuid.UUID      `json:"worker_id"`
+}
+
+func (s *Server) registerProvider(w http.ResponseWriter, r *http.Request) {
+	room, p, ok := s.roomThenPrincipal(w, r)
+	if !ok {
+		return
+	}
+	var b registerProviderBody
+	if !s.decodeBody(w, r, &b) {
+		return
+	}
+	if b.Category == nil || b.Name == nil {
+		badRequest(w, `fields "category" and "name" are required strings`)
+		return
+	}
+	schema, ok := schemaOf(w, b.Schema, b.SchemaAlias)
+	if !ok {
+		return
+	}
+	var contentType string
+	if b.ContentType != nil && *b.ContentType != "" {
+		if _, _, err := mime.ParseMediaType(*b.ContentType); err != nil {
+			badRequest(w, `field "content_type" must be a media type such as application/json`)
+			return
+		}
+		contentType = *b.ContentType
+	}
+	prov, created, err := s.svc.RegisterProvider(r.Context(), p, room, joblib.RegisterProviderParams{
+		Category: *b.Category, Name: *b.Name, Schema: schema, ContentType: contentType, WorkerID: b.WorkerID,
+	})
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	status := http.StatusOK
+	if created {
+		status = http.StatusCreated
+	}
+	writeJSON(w, status, prov)
+}
+
+func (s *Server) listProviders(w http.ResponseWriter, r *http.Request) {
+	pg, ok := pageParams(w, r)
+	if !ok {
+		return
+	}
+	out, err := s.svc.ListProviders(r.Context(), r.PathValue("room"), pg)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// providerInfoOrRead serves /providers/{full_name}/info (metadata, a read
+// like the other GETs) and /providers/{full_name} (a data read, always
+// authenticated). The name may contain '/'; like the contract, the /info
+// suffix wins.
+func (s *Server) providerInfoOrRead(w http.ResponseWriter, r *http.Request) {
+	if name, ok := strings.CutSuffix(r.PathValue("name"), "/info"); ok {
+		s.read(func(w http.ResponseWriter, r *http.Request) {
+			out, err := s.svc.ProviderInfo(r.Context(), r.PathValue("room"), name)
+			if err != nil {
+				s.fail(w, r, err)
+				return
+			}
+			writeJSON(w, http.StatusOK, out)
+		})(w, r)
+		return
+	}
+	s.readProvider(w, r)
+}
+
+// readProvider answers a provider read with the provider's bytes, or 504
+// ProviderTimeout with Retry-After: 2 when none arrived in time.
+func (s *Server) readProvider(w http.ResponseWriter, r *http.Request) {
+	room, _, ok := s.roomThenPrincipal(w, r)
+	if !ok {
+		return
+	}
+	params, err := readParams(r.URL.RawQuery)
+	if err != nil {
+		badRequest(w, err.Error())
+		return
+	}
+	var wait *time.Duration
+	if d, ok := parsePreferWait(r.Header.Get("Prefer")); ok {
+		wait = &d
+	}
+	out, err := s.svc.ReadProvider(r.Context(), room, r.PathValue("name"), params, wait)
+	if err != nil {
+		if joblib.IsCode(err, joblib.CodeProviderTimeout) {
+			w.Header().Set("Retry-After", "2")
+		}
+		s.fail(w, r, err)
+		return
+	}
+	w.Header().Set("Content-Type", out.ContentType)
+	w.Header().Set("Content-Length", strconv.Itoa(len(out.Body)))
+	if out.Waited {
+		w.Header().Set("Preference-Applied", "wait="+strconv.FormatFloat(out.Timeout.Seconds(), 'f', -1, 64))
+	}
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(out.Body)
+}
+
+type paramError string
+
+func (e paramError) Error() string { return string(e) }
+
+// readParams flattens a query string into read parameters the way the Python
+// server did (urllib's parse_qsl with blank values kept: '&'-separated pairs,
+// '+' as space, %XX decoded, malformed escapes kept literally, a pair without
+// '=' has the value "", the last of repeated keys wins). Parameters must be
+// UTF-8 text once decoded: anything else is refused rather than hashed.
+func readParams(raw string) (map[string]string, error) {
+	out := map[string]string{}
+	for _, pair := range strings.Split(raw, "&") {
+		if pair == "" {
+			continue
+		}
+		k, v, _ := strings.Cut(pair, "=")
+		k, v = unquotePlus(k), unquotePlus(v)
+		if !utf8.ValidString(k) || !utf8.ValidString(v) {
+			return nil, paramError("query parameters must be UTF-8 text")
+		}
+		out[k] = v
+	}
+	return out, nil
+}
+
+// unquotePlus is Python's urllib.parse.unquote_plus without the UTF-8
+// repair: '+' becomes a space, valid %XX escapes become bytes, others stay.
+func unquotePlus(s string) string {
+	if !strings.ContainsAny(s, "+%") {
+		return s
+	}
+	var b strings.Builder
+	b.Grow(len(s))
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '+':
+			b.WriteByte(' ')
+		case c == '%' && i+2 < len(s) && isHex(s[i+1]) && isHex(s[i+2]):
+			b.WriteByte(unhex(s[i+1])<<4 | unhex(s[i+2]))
+			i += 2
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
+}
+
+func isHex(c byte) bool { return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F' }
+
+func unhex(c byte) byte {
+	switch {
+	case c <= '9':
+		return c - '0'
+	case c >= 'a':
+		return c - 'a' + 10
+	}
+	return c - 'A' + 10
+}
+
+func (s *Server) deleteProvider(w http.ResponseWriter, r *http.Request) {
+	p, ok := s.principal(w, r)
+	if !ok {
+		return
+	}
+	id, ok := pathUUID(w, r, "id")
+	if !ok {
+		return
+	}
+	if err := s.svc.DeleteProvider(r.Context(), p, id); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// uploadProviderResult stores a provider's answer: the raw body, for the
+// request named by X-Request-Hash.
+func (s *Server) uploadProviderResult(w http.ResponseWriter, r *http.Request) {
+	p, ok := s.principal(w, r)
+	if !ok {
+		return
+	}
+	id, ok := pathUUID(w, r, "id")
+	if !ok {
+		return
+	}
+	hash := r.Header.Get("X-Request-Hash")
+	if hash == "" {
+		badRequest(w, "header X-Request-Hash is required")
+		return
+	}
+	if err := s.svc.UploadProviderResult(r.Context(), p, id, hash, r.Body); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
