@@ -117,7 +117,9 @@ func (s *Service) SubmitTask(ctx context.Context, p Principal, room, fullName st
 func (s *Service) ClaimTask(ctx context.Context, p Principal, workerID uuid.UUID) (*Task, error) {
 	var out *Task
 	err := s.mutate(ctx, func(q *models.Q, em *events.Set) error {
-		w, err := q.GetWorker(workerID)
+		// Locked so that a concurrent cleanup of the worker cannot miss the
+		// task claimed here and leave it claimed by a deleted worker.
+		w, err := q.LockWorker(workerID)
 		if err != nil {
 			return notFound(err, errf(CodeWorkerNotFound, "Worker %s not found", workerID))
 		}

@@ -34,6 +34,27 @@ func (q *Q) GetWorker(id uuid.UUID) (Worker, error) {
 	return ws[0], nil
 }
 
+// LockWorker reads one worker and, on PostgreSQL, holds a key-share lock on
+// it until the transaction ends. A cleanup of the worker (which locks it FOR
+// UPDATE) then either finished before (the worker is gone: ErrNotFound) or
+// waits for this transaction and sees what it wrote, so nothing the
+// transaction hands the worker can outlive it. Heartbeats are not blocked.
+// On SQLite the single connection already serialises transactions.
+func (q *Q) LockWorker(id uuid.UUID) (Worker, error) {
+	lock := ""
+	if q.d == Postgres {
+		lock = " FOR KEY SHARE"
+	}
+	var ws []Worker
+	if err := q.g.Raw("SELECT "+workerCols+" FROM workers w WHERE w.id = ?"+lock, id).Scan(&ws).Error; err != nil {
+		return Worker{}, fmt.Errorf("lock worker: %w", mapErr(err))
+	}
+	if len(ws) == 0 {
+		return Worker{}, ErrNotFound
+	}
+	return ws[0], nil
+}
+
 // TouchWorker sets a worker's last heartbeat to the database's now.
 func (q *Q) TouchWorker(id uuid.UUID) (Worker, error) {
 	var ws []Worker
