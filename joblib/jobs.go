@@ -46,6 +46,12 @@ func (s *Service) RegisterJob(ctx context.Context, p Principal, room string, r R
 	if (room == RoomGlobal || room == RoomInternal) && !p.Superuser {
 		return Job{}, false, errf(CodeForbidden, "Admin required for @global/@internal job registration")
 	}
+	if err := validateText("category", r.Category, maxCategoryLen); err != nil {
+		return Job{}, false, err
+	}
+	if err := validateText("name", r.Name, maxNameLen); err != nil {
+		return Job{}, false, err
+	}
 	st := s.Settings()
 	if !st.AllowedCategories.Contains(r.Category) {
 		return Job{}, false, errf(CodeInvalidCategory, "Category '%s' not in allowed list: %s", r.Category, st.AllowedCategories.pyList())
@@ -140,6 +146,9 @@ func resolveJob(q *models.Q, fullName string) (models.Job, error) {
 	room, cat, name, ok := SplitFullName(fullName)
 	if !ok {
 		return models.Job{}, errf(CodeJobNotFound, "Invalid job name format: %s", fullName)
+	}
+	if !addressable(room, cat, name) {
+		return models.Job{}, errf(CodeJobNotFound, "Job '%s' not found", fullName)
 	}
 	j, err := q.JobByKey(room, cat, name)
 	if err == nil && j.Deleted {

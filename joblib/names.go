@@ -2,6 +2,7 @@ package joblib
 
 import (
 	"strings"
+	"unicode/utf8"
 )
 
 // Special rooms.
@@ -13,19 +14,50 @@ const (
 // maxRoomIDLen bounds room ids; longer ones are rejected as invalid.
 const maxRoomIDLen = 256
 
+// Limits on the parts of a job's full name. Together with maxRoomIDLen they
+// keep (room, category, name) inside what PostgreSQL's unique index can hold
+// (about 2.7 kB per entry); longer names are refused rather than failing there.
+const (
+	maxCategoryLen = 256
+	maxNameLen     = 1024
+)
+
 // ValidateRoomID accepts @global, @internal and any non-empty id without '@'
-// or ':'.
+// or ':' (nor control characters or invalid UTF-8, which no database column
+// can hold on both dialects).
 func ValidateRoomID(room string) error {
 	if room == RoomGlobal || room == RoomInternal {
 		return nil
 	}
-	if room == "" || strings.ContainsAny(room, "@:") || len(room) > maxRoomIDLen || strings.ContainsFunc(room, isControl) {
+	if room == "" || strings.ContainsAny(room, "@:") || len(room) > maxRoomIDLen || strings.ContainsFunc(room, isControl) || !utf8.ValidString(room) {
 		return errf(CodeInvalidRoomID, "Room ID '%s' contains invalid characters (@ or :)", room)
 	}
 	return nil
 }
 
 func isControl(r rune) bool { return r < 0x20 || r == 0x7f }
+
+// storable reports whether s can be stored as text on both dialects:
+// PostgreSQL rejects NUL characters and invalid UTF-8.
+func storable(s string) bool { return utf8.ValidString(s) && !strings.ContainsRune(s, 0) }
+
+// validateText checks a client-supplied string that is stored as text.
+func validateText(field, s string, maxLen int) error {
+	if !storable(s) {
+		return errf(CodeValidation, "%s must be valid UTF-8 without NUL characters", field)
+	}
+	if maxLen > 0 && len(s) > maxLen {
+		return errf(CodeValidation, "%s must be at most %d bytes long", field, maxLen)
+	}
+	return nil
+}
+
+// addressable reports whether a job with these parts could have been
+// registered; names that could not are simply not found.
+func addressable(room, category, name string) bool {
+	return len(room) <= maxRoomIDLen && len(category) <= maxCategoryLen && len(name) <= maxNameLen &&
+		storable(room) && storable(category) && storable(name)
+}
 
 // SplitFullName splits room:category:name on the first two colons (the name
 // may contain more).

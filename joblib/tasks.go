@@ -187,6 +187,11 @@ func (s *Service) UpdateTask(ctx context.Context, p Principal, id uuid.UUID, sta
 	if !ValidStatus(status) {
 		return Task{}, errf(CodeValidation, "status must be one of pending, claimed, running, completed, failed, cancelled")
 	}
+	if errMsg != nil {
+		if err := validateText("error", *errMsg, 0); err != nil {
+			return Task{}, err
+		}
+	}
 	var out Task
 	err := s.mutate(ctx, func(q *models.Q, em *events.Set) error {
 		t, err := q.GetTask(id)

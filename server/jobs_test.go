@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/google/uuid"
+	"github.com/zndraw/joblib/joblib"
 )
 
 // test_router_jobs.py: a superuser registers a @global job: 201 with the full
@@ -348,5 +349,19 @@ func TestConcurrentFirstRegistration(t *testing.T) {
 		if len(linked) != n {
 			t.Fatalf("%d linked workers, want %d", len(linked), n)
 		}
+	})
+}
+
+// The longest accepted names (room 256, category 256, name 1024 bytes of
+// incompressible text) register, resolve and take tasks on both databases.
+func TestRegisterJobLongestNames(t *testing.T) {
+	t.Parallel()
+	settings := withSettings(func(s *joblib.Settings) { s.AllowedCategories = append(s.AllowedCategories, noise(256)) })
+	eachWith(t, []func(*setupOpts){settings}, func(t *testing.T, e *env) {
+		room, cat, name := noise(256), noise(256), noise(1024)
+		e.do(e.alice, "PUT", api+"/rooms/"+room+"/jobs", map[string]any{"category": cat, "name": name}).want(201)
+		full := room + ":" + cat + ":" + name
+		e.do(e.alice, "GET", api+"/rooms/"+room+"/jobs/"+full, nil).want(200)
+		e.do(e.alice, "POST", api+"/rooms/"+room+"/tasks/"+full, map[string]any{}).want(202)
 	})
 }
