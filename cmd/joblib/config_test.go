@@ -1,0 +1,139 @@
+package main
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/zndraw/joblib/joblib"
+)
+
+// test_settings.py, for our configuration: JOBLIB_-prefixed variables,
+// durations in Go syntax, lists as JSON arrays (the Python server's form) or
+// comma separated.
+
+// Without any variable every setting has its documented default.
+func TestConfigDefaults(t *testing.T) {
+	t.Parallel()
+	cfg, err := loadConfig(map[string]string{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := cfg.Settings
+	if !reflect.DeepEqual(st.AllowedCategories, joblib.List{"modifiers", "selections", "analysis"}) {
+		t.Errorf("allowed categories %v", st.AllowedCategories)
+	}
+	want := map[string][2]time.Duration{
+		"worker timeout":        {st.WorkerTimeout, 60 * time.Second},
+		"sweeper interval":      {st.SweeperInterval, 30 * time.Second},
+		"long-poll max wait":    {st.LongPollMaxWait, 60 * time.Second},
+		"internal task timeout": {st.InternalTaskTimeout, time.Hour},
+		"provider result TTL":   {st.ProviderResultTTL, 300 * time.Second},
+		"provider inflight TTL": {st.ProviderInflightTTL, 30 * time.Second},
+		"provider default wait": {st.ProviderLongPollDefault, 5 * time.Second},
+		"provider max wait":     {st.ProviderLongPollMax, 30 * time.Second},
+	}
+	for name, v := range want {
+		if v[0] != v[1] {
+			t.Errorf("%s %s, want %s", name, v[0], v[1])
+		}
+	}
+	if len(st.AllowedProviderCategories) != 0 {
+		t.Errorf("provider categories %v, want unrestricted", st.AllowedProviderCategories)
+	}
+	if !reflect.DeepEqual(st, joblib.DefaultSettings()) {
+		t.Errorf("settings %+v differ from joblib.DefaultSettings() %+v", st, joblib.DefaultSettings())
+	}
+	if cfg.Server.ListenAddr != ":8080" || cfg.Server.MaxBodyBytes != 8<<20 || cfg.Server.PublicReads {
+		t.Errorf("server config %+v", cfg.Server)
+	}
+	if cfg.DatabaseURL != "joblib.db" || cfg.LogLevel != "info" || cfg.LogFormat != "text" || cfg.ShutdownTimeout != 30*time.Second {
+		t.Errorf("process config %+v", cfg)
+	}
+}
+
+// Variables override the defaults; lists accept the JSON-array form and the
+// comma form.
+func TestConfigFromEnvironment(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		env   map[string]string
+		check func(Config) bool
+	}{
+		{map[string]string{"JOBLIB_ALLOWED_CATEGORIES": `["custom"]`, "JOBLIB_WORKER_TIMEOUT": "120s"}, func(c Config) bool {
+			return reflect.DeepEqual(c.Settings.AllowedCategories, joblib.List{"custom"}) && c.Settings.WorkerTimeout == 120*time.Second
+		}},
+		{map[string]string{"JOBLIB_ALLOWED_CATEGORIES": "custom, other,third"}, func(c Config) bool {
+			return reflect.DeepEqual(c.Settings.AllowedCategories, joblib.List{"custom", "other", "third"})
+		}},
+		{map[string]string{"JOBLIB_ALLOWED_CATEGORIES": ` ["a", "b"] `}, func(c Config) bool {
+			return reflect.DeepEqual(c.Settings.AllowedCategories, joblib.List{"a", "b"})
+		}},
+		{map[string]string{"JOBLIB_ALLOWED_PROVIDER_CATEGORIES": `["frames"]`}, func(c Config) bool {
+			return reflect.DeepEqual(c.Settings.AllowedProviderCategories, joblib.List{"frames"})
+		}},
+		{map[string]string{
+			"JOBLIB_SWEEPER_INTERVAL": "5s", "JOBLIB_LONG_POLL_MAX_WAIT": "2m", "JOBLIB_INTERNAL_TASK_TIMEOUT": "90m",
+			"JOBLIB_PROVIDER_LONG_POLL_DEFAULT": "0s", "JOBLIB_PROVIDER_LONG_POLL_MAX": "45s",
+		}, func(c Config) bool {
+			s := c.Settings
+			return s.SweeperInterval == 5*time.Second && s.LongPollMaxWait == 2*time.Minute && s.InternalTaskTimeout == 90*time.Minute &&
+				s.ProviderLongPollDefault == 0 && s.ProviderLongPollMax == 45*time.Second
+		}},
+		{map[string]string{"JOBLIB_PUBLIC_READS": "true", "JOBLIB_MAX_BODY_BYTES": "1024", "JOBLIB_LISTEN_ADDR": "127.0.0.1:9"}, func(c Config) bool {
+			return c.Server.PublicReads && c.Server.MaxBodyBytes == 1024 && c.Server.ListenAddr == "127.0.0.1:9"
+		}},
+		{map[string]string{"JOBLIB_DATABASE_URL": "postgres://u@h/db", "JOBLIB_LOG_LEVEL": "debug", "JOBLIB_LOG_FORMAT": "json"}, func(c Config) bool {
+			return c.DatabaseURL == "postgres://u@h/db" && c.LogLevel == "debug" && c.LogFormat == "json"
+		}},
+		// Variables of other programs (the Python server's prefix) are ignored.
+		{map[string]string{"ZNDRAW_JOBLIB_WORKER_TIMEOUT_SECONDS": "120", "WORKER_TIMEOUT": "1s"}, func(c Config) bool {
+			return c.Settings.WorkerTimeout == 60*time.Second
+		}},
+	}
+	for _, c := range cases {
+		cfg, err := loadConfig(c.env)
+		if err != nil {
+			t.Errorf("%v: %v", c.env, err)
+			continue
+		}
+		if !c.check(cfg) {
+			t.Errorf("%v: config %+v", c.env, cfg)
+		}
+	}
+}
+
+// Invalid values fail start-up with an error that names the variable.
+func TestConfigInvalidValuesNameTheVariable(t *testing.T) {
+	t.Parallel()
+	cases := map[string]string{
+		"JOBLIB_WORKER_TIMEOUT":              "abc",
+		"JOBLIB_SWEEPER_INTERVAL":            "30", // no unit
+		"JOBLIB_INTERNAL_TASK_TIMEOUT":       "-1h",
+		"JOBLIB_LONG_POLL_MAX_WAIT":          "-5s",
+		"JOBLIB_PROVIDER_RESULT_TTL":         "0s",
+		"JOBLIB_PROVIDER_LONG_POLL_MAX":      "soon",
+		"JOBLIB_ALLOWED_CATEGORIES":          `["custom"`,
+		"JOBLIB_ALLOWED_PROVIDER_CATEGORIES": `[1, 2]`,
+		"JOBLIB_MAX_BODY_BYTES":              "-1",
+		"JOBLIB_PUBLIC_READS":                "maybe",
+		"JOBLIB_LOG_LEVEL":                   "loud",
+		"JOBLIB_LOG_FORMAT":                  "xml",
+		"JOBLIB_SHUTDOWN_TIMEOUT":            "0s",
+	}
+	for name, value := range cases {
+		_, err := loadConfig(map[string]string{name: value})
+		if err == nil {
+			t.Errorf("%s=%q accepted", name, value)
+			continue
+		}
+		if !strings.Contains(err.Error(), name) {
+			t.Errorf("%s=%q: error %q does not name the variable", name, value, err)
+		}
+	}
+	// An empty category list leaves registration impossible.
+	if _, err := loadConfig(map[string]string{"JOBLIB_ALLOWED_CATEGORIES": "[]"}); err == nil || !strings.Contains(err.Error(), "JOBLIB_ALLOWED_CATEGORIES") {
+		t.Errorf("empty category list: %v", err)
+	}
+}
