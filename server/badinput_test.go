@@ -180,6 +180,7 @@ func TestBadInputIsRejectedWithoutEffect(t *testing.T) {
 				continue
 			}
 			p := r.M()
+			wantKeys(t, c.name, p, "type", "title", "status", "detail")
 			if p["type"] != "/v1/problems/"+c.slug || p["status"] != float64(c.status) || p["title"] == "" || p["detail"] == "" {
 				t.Errorf("%s: problem %v, want type %s", c.name, p, c.slug)
 			}

@@ -365,3 +365,69 @@ func TestRegisterJobLongestNames(t *testing.T) {
 		e.do(e.alice, "POST", api+"/rooms/"+room+"/tasks/"+full, map[string]any{}).want(202)
 	})
 }
+
+// Request bodies accept schema_ as an alias of schema, and unknown fields are
+// ignored on every body.
+func TestRequestBodyAliasesAndUnknownFields(t *testing.T) {
+	t.Parallel()
+	each(t, func(t *testing.T, e *env) {
+		j := e.do(e.alice, "PUT", api+"/rooms/room/jobs", map[string]any{
+			"category": "modifiers", "name": "Aliased", "schema_": map[string]any{"title": "via alias"}, "unknown": []any{1},
+		}).want(201).M()
+		if j["schema"].(map[string]any)["title"] != "via alias" {
+			t.Fatalf("schema %v", j["schema"])
+		}
+		w := j["worker_id"].(string)
+		id := e.do(e.bob, "POST", api+"/rooms/room/tasks/room:modifiers:Aliased", map[string]any{"payload": map[string]any{}, "priority": 9}).want(202).M()["id"].(string)
+		c := e.do(e.alice, "POST", api+"/tasks/claim", map[string]any{"worker_id": w, "extra": true}).want(200).M()["task"].(map[string]any)
+		if c["id"] != id {
+			t.Fatalf("claimed %v", c)
+		}
+		e.do(e.alice, "PATCH", api+"/tasks/"+id, map[string]any{"status": "running", "progress": 0.5}).want(200)
+	})
+}
+
+// Job names may contain '/' and ':' (the full name splits on the first two
+// colons); the /tasks suffix addresses the job's task listing.
+func TestJobNamesWithSlashAndColon(t *testing.T) {
+	t.Parallel()
+	each(t, func(t *testing.T, e *env) {
+		for _, name := range []string{"a/b", "x:y", "deep/er/name:v2"} {
+			full := "room:modifiers:" + name
+			j := e.registerJob(e.alice, "room", "modifiers", name)
+			if j["full_name"] != full || j["name"] != name {
+				t.Fatalf("registered %v", j)
+			}
+			if got := e.do(e.alice, "GET", api+"/rooms/room/jobs/"+full, nil).want(200).M(); got["name"] != name {
+				t.Fatalf("GET %s: %v", full, got)
+			}
+			id := e.submit(e.bob, "room", full, map[string]any{"n": name})
+			if got := e.getTask(id); got["job_name"] != full {
+				t.Fatalf("task job_name %v, want %s", got["job_name"], full)
+			}
+			p := e.do(e.alice, "GET", api+"/rooms/room/jobs/"+full+"/tasks", nil).want(200).page()
+			if p.Total != 1 || p.Items[0]["id"] != id {
+				t.Fatalf("tasks of %s: %+v", full, p)
+			}
+		}
+	})
+}
+
+// A worker summary's job_count counts all of the worker's links, also those
+// to jobs the listed room does not see.
+func TestWorkerJobCountCountsAllLinks(t *testing.T) {
+	t.Parallel()
+	each(t, func(t *testing.T, e *env) {
+		w := e.newWorker(e.alice)
+		for _, room := range []string{"room1", "room2", "room3"} {
+			e.registerJob(e.alice, room, "modifiers", "Job", map[string]any{"worker_id": w})
+		}
+		p := e.do(e.alice, "GET", api+"/rooms/room1/workers", nil).want(200).page()
+		if p.Total != 1 || p.Items[0]["id"] != w || p.Items[0]["job_count"] != 3.0 {
+			t.Fatalf("room1 workers %+v", p)
+		}
+		hb := e.do(e.alice, "PATCH", api+"/workers/"+w, nil).want(200).M()
+		wantKeys(t, "heartbeat", hb, "id", "last_heartbeat")
+		wantTime(t, "last_heartbeat", hb["last_heartbeat"])
+	})
+}

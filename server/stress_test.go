@@ -349,7 +349,7 @@ func TestStressConcurrentTransition(t *testing.T) {
 func TestStressClaimRacesWorkerDelete(t *testing.T) {
 	t.Parallel()
 	each(t, func(t *testing.T, e *env) {
-		const rounds = 30
+		const rounds = 15
 		for i := range rounds {
 			w := e.registerJob(e.alice, "race", "modifiers", "Job")["worker_id"].(string)
 			id := e.submit(e.bob, "race", "race:modifiers:Job", nil)
