@@ -66,13 +66,22 @@ func (s *Service) RegisterJob(ctx context.Context, p Principal, room string, r R
 	}
 
 	err = s.mutate(ctx, func(q *models.Q, em *events.Set) error {
+		// The worker first (lock order worker → job, as in CleanupWorker);
+		// its error is reported after the job's, in the contract's order.
+		w, werr := workerFor(q, p, r.WorkerID)
+		if werr != nil && !IsCode(werr, CodeWorkerNotFound) {
+			return werr
+		}
 		row := models.Job{ID: uuid.New(), RoomID: room, Category: r.Category, Name: r.Name, Schema: schema,
 			OnWorkerLoss: policy, MaxAttempts: attempts}
 		inserted, err := q.InsertJobIfAbsent(row)
 		if err != nil {
 			return err
 		}
-		j, err := q.JobByKey(room, r.Category, r.Name)
+		// Locked so that a concurrent orphan soft-delete either finished
+		// before (we see the job deleted and reactivate it) or waits for our
+		// link and then keeps the job.
+		j, err := q.JobByKeyLocked(room, r.Category, r.Name, models.NoKeyUpdate)
 		if err != nil {
 			return err
 		}
@@ -99,9 +108,8 @@ func (s *Service) RegisterJob(ctx context.Context, p Principal, room string, r R
 				j.OnWorkerLoss, j.MaxAttempts = policy, attempts
 			}
 		}
-		w, err := workerFor(q, p, r.WorkerID)
-		if err != nil {
-			return err
+		if werr != nil {
+			return werr
 		}
 		if err := q.LinkWorkerJob(w.ID, j.ID); err != nil {
 			if errors.Is(err, models.ErrConflict) {
@@ -143,6 +151,12 @@ func jobPolicy(onLoss string, attempts int) (string, int, error) {
 // resolveJob finds a live job by full name (visibility is not checked: any
 // room may address any job, as the contract requires).
 func resolveJob(q *models.Q, fullName string) (models.Job, error) {
+	return resolveJobLocked(q, fullName, models.NoLock)
+}
+
+// resolveJobLocked is resolveJob inside a transaction that depends on the job
+// staying live until it commits (see models.RowLock).
+func resolveJobLocked(q *models.Q, fullName string, l models.RowLock) (models.Job, error) {
 	room, cat, name, ok := SplitFullName(fullName)
 	if !ok {
 		return models.Job{}, errf(CodeJobNotFound, "Invalid job name format: %s", fullName)
@@ -150,7 +164,7 @@ func resolveJob(q *models.Q, fullName string) (models.Job, error) {
 	if !addressable(room, cat, name) {
 		return models.Job{}, errf(CodeJobNotFound, "Job '%s' not found", fullName)
 	}
-	j, err := q.JobByKey(room, cat, name)
+	j, err := q.JobByKeyLocked(room, cat, name, l)
 	if err == nil && j.Deleted {
 		err = models.ErrNotFound
 	}

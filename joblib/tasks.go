@@ -56,7 +56,9 @@ func (s *Service) SubmitTask(ctx context.Context, p Principal, room, fullName st
 		reserved bool // an executor slot is held for this task
 	)
 	err = s.mutate(ctx, func(q *models.Q, em *events.Set) error {
-		j, err := resolveJob(q, fullName)
+		// Key-share: the orphan rule cannot soft-delete the job under the
+		// pending task we are adding.
+		j, err := resolveJobLocked(q, fullName, models.KeyShare)
 		if err != nil {
 			return err
 		}

@@ -94,9 +94,12 @@ func summaries(ws []models.Worker, total int64, pg PageParams) Page[WorkerSummar
 }
 
 // ownedWorker loads a worker that must exist and belong to the caller
-// (superusers are not exempt: a worker is a process identity).
+// (superusers are not exempt: a worker is a process identity). The worker is
+// locked until the transaction ends (models.LockWorker), so a cleanup of it
+// waits and then sees what the transaction linked to it; taking this lock
+// before any job lock keeps the worker → job lock order of CleanupWorker.
 func ownedWorker(q *models.Q, p Principal, id uuid.UUID) (models.Worker, error) {
-	w, err := q.GetWorker(id)
+	w, err := q.LockWorker(id)
 	if err == nil && w.UserID != p.ID {
 		err = models.ErrNotFound
 	}

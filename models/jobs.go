@@ -11,10 +11,40 @@ const (
 	jobColsBare = "id, seq, room_id, category, name, schema, deleted, on_worker_loss, max_attempts, created_at"
 )
 
+// RowLock is how a read inside a transaction locks the rows it returns on
+// PostgreSQL, so that it waits for (and then sees) a concurrent writer of
+// those rows instead of acting on a stale version. SQLite's single
+// connection serialises whole transactions, so it needs no row locks.
+type RowLock string
+
+const (
+	// NoLock reads without locking.
+	NoLock RowLock = ""
+	// KeyShare keeps the row from being deleted or soft-deleted (the orphan
+	// rule locks FOR UPDATE) until the transaction ends; it does not block
+	// other readers, key-share lockers or ordinary updates.
+	KeyShare RowLock = " FOR KEY SHARE"
+	// NoKeyUpdate is for a read that is followed by an update of the row; it
+	// also serialises with the orphan rule and with other such readers.
+	NoKeyUpdate RowLock = " FOR NO KEY UPDATE"
+)
+
+func (q *Q) lock(l RowLock) string {
+	if q.d == Postgres {
+		return string(l)
+	}
+	return ""
+}
+
 // JobByKey finds a job by (room, category, name), soft-deleted ones included.
 func (q *Q) JobByKey(room, category, name string) (Job, error) {
+	return q.JobByKeyLocked(room, category, name, NoLock)
+}
+
+// JobByKeyLocked is JobByKey that also locks the row (see RowLock).
+func (q *Q) JobByKeyLocked(room, category, name string, l RowLock) (Job, error) {
 	var js []Job
-	err := q.g.Raw("SELECT "+jobCols+" FROM jobs j WHERE j.room_id = ? AND j.category = ? AND j.name = ?", room, category, name).Scan(&js).Error
+	err := q.g.Raw("SELECT "+jobCols+" FROM jobs j WHERE j.room_id = ? AND j.category = ? AND j.name = ?"+q.lock(l), room, category, name).Scan(&js).Error
 	if err != nil {
 		return Job{}, fmt.Errorf("read job: %w", mapErr(err))
 	}
@@ -109,11 +139,26 @@ func (q *Q) ListJobs(rooms []string, p Page) ([]Job, int64, error) {
 
 // SoftDeleteOrphanJobs marks deleted every job among ids that is not
 // @internal, has no worker link left and no pending task, and returns the
-// deleted jobs. The conditions are re-checked in the UPDATE itself, so a
-// concurrent registration or submission is never overridden by a stale read.
+// deleted jobs. On PostgreSQL the candidate jobs are first locked FOR UPDATE,
+// which waits for any transaction that is linking a worker to them or
+// submitting a task (those hold the row in key-share or no-key-update mode);
+// the conditions are then checked by a new statement, whose snapshot includes
+// what those transactions committed. A job a concurrent registration or
+// submission keeps alive is therefore never soft-deleted.
 func (q *Q) SoftDeleteOrphanJobs(ids []uuid.UUID) ([]Job, error) {
 	if len(ids) == 0 {
 		return nil, nil
+	}
+	if q.d == Postgres {
+		var locked []uuid.UUID
+		err := q.g.Raw("SELECT id FROM jobs WHERE id IN ? AND deleted = false AND room_id <> '@internal' ORDER BY id FOR UPDATE", ids).Scan(&locked).Error
+		if err != nil {
+			return nil, fmt.Errorf("lock orphan job candidates: %w", mapErr(err))
+		}
+		if len(locked) == 0 {
+			return nil, nil
+		}
+		ids = locked
 	}
 	var js []Job
 	err := q.g.Raw("UPDATE jobs SET deleted = true, deleted_at = "+q.now()+

@@ -387,3 +387,109 @@ func TestStressClaimRacesWorkerDelete(t *testing.T) {
 		}
 	})
 }
+
+// The orphan rule never hides a job that a concurrent request just gave a
+// reason to live: cancelling a job's last pending task (its worker gone)
+// races a re-registration and a new submission. Whatever wins, a job with a
+// linked worker or a pending task is visible, and a request that succeeded
+// is reflected.
+func TestStressOrphanRacesRegistrationAndSubmit(t *testing.T) {
+	t.Parallel()
+	each(t, func(t *testing.T, e *env) {
+		const rounds = 15
+		job := api + "/rooms/orph/jobs/orph:modifiers:Job"
+		for i := range rounds {
+			w := e.registerJob(e.alice, "orph", "modifiers", "Job")["worker_id"].(string)
+			last := e.submit(e.bob, "orph", "orph:modifiers:Job", nil)
+			e.do(e.alice, "DELETE", api+"/workers/"+w, nil).want(204)
+
+			var wg sync.WaitGroup
+			start := make(chan struct{})
+			var regCode, subCode int
+			var regBody, subBody []byte
+			wg.Go(func() {
+				<-start
+				code, b, err := e.call(e.admin, "PATCH", api+"/tasks/"+last, map[string]any{"status": "cancelled"})
+				if err != nil || code != 200 {
+					t.Errorf("cancel: %d %s %v", code, b, err)
+				}
+			})
+			wg.Go(func() {
+				<-start
+				regCode, regBody, _ = e.call(e.alice, "PUT", api+"/rooms/orph/jobs", map[string]any{"category": "modifiers", "name": "Job"})
+			})
+			wg.Go(func() {
+				<-start
+				subCode, subBody, _ = e.call(e.bob, "POST", api+"/rooms/orph/tasks/orph:modifiers:Job", map[string]any{"payload": map[string]any{}})
+			})
+			close(start)
+			wg.Wait()
+			if regCode != 200 && regCode != 201 {
+				t.Fatalf("round %d: registration %d %s", i, regCode, regBody)
+			}
+			if subCode != 202 && subCode != 404 {
+				t.Fatalf("round %d: submission %d %s", i, subCode, subBody)
+			}
+			var reg struct {
+				WorkerID string `json:"worker_id"`
+			}
+			_ = json.Unmarshal(regBody, &reg)
+			r := e.do(e.admin, "GET", job, nil)
+			if r.Status != 200 {
+				t.Fatalf("round %d: the job was registered (%d, worker %s) but is gone: %d %s", i, regCode, reg.WorkerID, r.Status, r.Body)
+			}
+			if ws := r.M()["workers"].([]any); len(ws) != 1 || ws[0] != reg.WorkerID {
+				t.Fatalf("round %d: workers %v, want [%s]", i, ws, reg.WorkerID)
+			}
+			// Reset: the new worker leaves, pending tasks are cancelled.
+			e.do(e.alice, "DELETE", api+"/workers/"+reg.WorkerID, nil).want(204)
+			for _, it := range e.do(e.admin, "GET", api+"/rooms/orph/tasks?status=pending", nil).want(200).page().Items {
+				e.patch(e.admin, it["id"].(string), "cancelled").want(200)
+			}
+			e.do(e.admin, "GET", job, nil).problem(404, "job-not-found")
+		}
+	})
+}
+
+// A registration naming a worker races that worker's deletion: neither side
+// ever fails with a server error (no deadlock between the worker's and the
+// job's locks), and the end state follows the orphan rule: the worker is
+// gone and so is the job it was the only worker of.
+func TestStressRegistrationRacesWorkerDelete(t *testing.T) {
+	t.Parallel()
+	each(t, func(t *testing.T, e *env) {
+		const rounds = 15
+		for i := range rounds {
+			w := e.registerJob(e.alice, "reg", "modifiers", "A")["worker_id"].(string)
+			var wg sync.WaitGroup
+			start := make(chan struct{})
+			for _, name := range []string{"A", "B"} {
+				wg.Go(func() {
+					<-start
+					code, b, err := e.call(e.alice, "PUT", api+"/rooms/reg/jobs", map[string]any{"category": "modifiers", "name": name, "worker_id": w})
+					if err != nil || (code != 200 && code != 201 && code != 404) {
+						t.Errorf("round %d: register %s: %d %s %v", i, name, code, b, err)
+					}
+				})
+			}
+			wg.Go(func() {
+				<-start
+				code, b, err := e.call(e.alice, "DELETE", api+"/workers/"+w, nil)
+				if err != nil || code != 204 {
+					t.Errorf("round %d: delete: %d %s %v", i, code, b, err)
+				}
+			})
+			close(start)
+			wg.Wait()
+			if t.Failed() {
+				return
+			}
+			for _, name := range []string{"A", "B"} {
+				e.do(e.alice, "GET", api+"/rooms/reg/jobs/reg:modifiers:"+name, nil).problem(404, "job-not-found")
+			}
+			if n := e.total(api + "/workers"); n != 0 {
+				t.Fatalf("round %d: %d workers left", i, n)
+			}
+		}
+	})
+}
