@@ -1,8 +1,13 @@
 package server_test
 
 import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/zndraw/joblib/server"
@@ -163,5 +168,59 @@ func TestOversizedBody(t *testing.T) {
 		}
 		// A body under the limit still works.
 		e.patch(e.admin, id, "running").want(200)
+	})
+}
+
+// jwt signs an HS256 token with the given claims.
+func jwt(secret string, claims map[string]any, alg string) string {
+	enc := base64.RawURLEncoding
+	hdr, _ := json.Marshal(map[string]any{"alg": alg, "typ": "JWT"})
+	body, _ := json.Marshal(claims)
+	msg := enc.EncodeToString(hdr) + "." + enc.EncodeToString(body)
+	mac := hmac.New(sha256.New, []byte(secret))
+	mac.Write([]byte(msg))
+	return msg + "." + enc.EncodeToString(mac.Sum(nil))
+}
+
+// With JWTSecret set, the host's fastapi-users access tokens (HS256, sub =
+// user id, aud fastapi-users:auth) authenticate; the user is created on first
+// sight as a regular user. Bad signatures, expired tokens, other audiences,
+// other algorithms and non-UUID subjects are 401.
+func TestFastAPIUsersJWT(t *testing.T) {
+	t.Parallel()
+	const secret = "s3cret"
+	cfg := server.DefaultConfig()
+	cfg.JWTSecret = secret
+	opts := []func(*setupOpts){func(o *setupOpts) { o.serverCfg = &cfg }}
+	eachWith(t, opts, func(t *testing.T, e *env) {
+		sub := uuid.NewString()
+		exp := time.Now().Add(time.Hour).Unix()
+		good := jwt(secret, map[string]any{"sub": sub, "aud": []string{"fastapi-users:auth"}, "exp": exp}, "HS256")
+		w := e.do(good, "POST", api+"/workers", nil).want(201).M()["id"].(string)
+		e.do(good, "PATCH", api+"/workers/"+w, nil).want(200)
+		// The same subject is the same user; it is not a superuser.
+		e.do(jwt(secret, map[string]any{"sub": sub, "aud": "fastapi-users:auth"}, "HS256"), "PATCH", api+"/workers/"+w, nil).want(200)
+		e.do(good, "PUT", api+"/rooms/@global/jobs", map[string]any{"category": "modifiers", "name": "X"}).problem(403, "forbidden")
+		e.do(jwt(secret, map[string]any{"sub": uuid.NewString()}, "HS256"), "PATCH", api+"/workers/"+w, nil).problem(403, "forbidden")
+
+		bad := map[string]string{
+			"wrong secret":  jwt("other", map[string]any{"sub": sub, "exp": exp}, "HS256"),
+			"expired":       jwt(secret, map[string]any{"sub": sub, "exp": time.Now().Add(-time.Minute).Unix()}, "HS256"),
+			"not yet valid": jwt(secret, map[string]any{"sub": sub, "nbf": time.Now().Add(time.Hour).Unix()}, "HS256"),
+			"audience":      jwt(secret, map[string]any{"sub": sub, "aud": "someone-else"}, "HS256"),
+			"algorithm":     jwt(secret, map[string]any{"sub": sub}, "HS512"),
+			"subject":       jwt(secret, map[string]any{"sub": "alice"}, "HS256"),
+			"garbage":       "a.b.c",
+		}
+		for name, tok := range bad {
+			if r := e.do(tok, "POST", api+"/workers", nil); r.Status != 401 {
+				t.Fatalf("%s: %d %s", name, r.Status, r.Body)
+			}
+		}
+		if n := e.total(api + "/workers"); n != 1 {
+			t.Fatalf("%d workers", n)
+		}
+		// API tokens keep working next to JWTs.
+		e.do(e.alice, "POST", api+"/workers", nil).want(201)
 	})
 }

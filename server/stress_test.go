@@ -493,3 +493,45 @@ func TestStressRegistrationRacesWorkerDelete(t *testing.T) {
 		}
 	})
 }
+
+// Concurrent deletes of one worker: exactly one 204, the others 404, and the
+// cleanup (failing its claimed task) happens once.
+func TestStressConcurrentWorkerDelete(t *testing.T) {
+	t.Parallel()
+	each(t, func(t *testing.T, e *env) {
+		w := e.registerJob(e.alice, "del", "modifiers", "Job")["worker_id"].(string)
+		id := e.submit(e.bob, "del", "del:modifiers:Job", nil)
+		e.claim(e.alice, w)
+		e.emissions()
+		codes := make([]int, 8)
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for i := range codes {
+			wg.Go(func() {
+				<-start
+				code, b, err := e.call(e.alice, "DELETE", api+"/workers/"+w, nil)
+				if err != nil || (code != 204 && code != 404) {
+					t.Errorf("delete: %d %s %v", code, b, err)
+				}
+				codes[i] = code
+			})
+		}
+		close(start)
+		wg.Wait()
+		ok := 0
+		for _, c := range codes {
+			if c == 204 {
+				ok++
+			}
+		}
+		if ok != 1 {
+			t.Fatalf("%d deletes answered 204, want 1 (%v)", ok, codes)
+		}
+		if n := len(named(e.emissions(), "task_status_event")); n != 1 {
+			t.Fatalf("%d task_status_events, want 1", n)
+		}
+		if got := e.getTask(id); got["status"] != "failed" {
+			t.Fatalf("task %v", got)
+		}
+	})
+}
