@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
@@ -97,11 +98,57 @@ func (s *Server) decodeBody(w http.ResponseWriter, r *http.Request, v any) bool 
 		badRequest(w, "request body must be a JSON object")
 		return false
 	}
-	if err := json.Unmarshal(body, v); err != nil {
+	body, err = exactMembers(body, v)
+	if err == nil {
+		err = json.Unmarshal(body, v)
+	}
+	if err != nil {
 		badRequest(w, jsonProblem(err))
 		return false
 	}
 	return true
+}
+
+// exactMembers keeps only the members of a JSON object whose names are
+// exactly json field names of the struct v points to, with their values
+// byte for byte. encoding/json matches names case-insensitively, so without
+// this {"STATUS": "running"} would set Status (and override "status"); the
+// contract, like every JSON API, treats such names as unknown fields, which
+// are ignored.
+func exactMembers(body []byte, v any) ([]byte, error) {
+	var members map[string]json.RawMessage
+	if err := json.Unmarshal(body, &members); err != nil {
+		return nil, err
+	}
+	t := reflect.TypeOf(v)
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	var out bytes.Buffer
+	out.WriteByte('{')
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "-" || !f.IsExported() {
+			continue
+		}
+		if name == "" {
+			name = f.Name
+		}
+		raw, ok := members[name]
+		if !ok {
+			continue
+		}
+		if out.Len() > 1 {
+			out.WriteByte(',')
+		}
+		key, _ := json.Marshal(name)
+		out.Write(key)
+		out.WriteByte(':')
+		out.Write(raw)
+	}
+	out.WriteByte('}')
+	return out.Bytes(), nil
 }
 
 // jsonProblem words a decoding error for the client.
