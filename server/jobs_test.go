@@ -384,6 +384,14 @@ func TestRequestBodyAliasesAndUnknownFields(t *testing.T) {
 			t.Fatalf("claimed %v", c)
 		}
 		e.do(e.alice, "PATCH", api+"/tasks/"+id, map[string]any{"status": "running", "progress": 0.5}).want(200)
+
+		// worker_id null means absent: a new worker is created.
+		again := e.do(e.alice, "PUT", api+"/rooms/room/jobs", map[string]any{
+			"category": "modifiers", "name": "Aliased", "schema": map[string]any{"title": "via alias"}, "worker_id": nil,
+		}).want(200).M()
+		if again["worker_id"] == nil || again["worker_id"] == w {
+			t.Fatalf("worker_id null: %v", again)
+		}
 	})
 }
 
