@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net/url"
 	"regexp"
 	"strings"
 	"testing"
@@ -97,9 +96,6 @@ func (p page) field(name string) []any {
 	}
 	return out
 }
-
-// esc escapes one path segment (room ids, job names keep ':' and '@').
-func esc(s string) string { return strings.ReplaceAll(url.PathEscape(s), "%3A", ":") }
 
 // rfc3339Z is the wire format of every timestamp: RFC 3339, UTC, ending in Z.
 var rfc3339Z = regexp.MustCompile(`^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?Z$`)
