@@ -124,6 +124,9 @@ func exactMembers(body []byte, v any) ([]byte, error) {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
+	if t.Kind() != reflect.Struct {
+		return body, nil
+	}
 	var out bytes.Buffer
 	out.WriteByte('{')
 	for i := range t.NumField() {
