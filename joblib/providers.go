@@ -37,6 +37,15 @@ func (s *Service) RegisterProvider(ctx context.Context, p Principal, room string
 	if (room == RoomGlobal || room == RoomInternal) && !p.Superuser {
 		return Provider{}, false, errf(CodeForbidden, "Admin required for %s provider registration", room)
 	}
+	if err := validateText("category", r.Category, maxCategoryLen); err != nil {
+		return Provider{}, false, err
+	}
+	if err := validateText("name", r.Name, maxNameLen); err != nil {
+		return Provider{}, false, err
+	}
+	if err := validateText("content_type", r.ContentType, maxCategoryLen); err != nil {
+		return Provider{}, false, err
+	}
 	st := s.Settings()
 	if len(st.AllowedProviderCategories) > 0 && !st.AllowedProviderCategories.Contains(r.Category) {
 		return Provider{}, false, errf(CodeInvalidCategory, "Provider category '%s' not in allowed list: %s", r.Category, st.AllowedProviderCategories.pyList())
@@ -140,6 +149,9 @@ func resolveProvider(q *models.Q, room, fullName string) (models.Provider, error
 	}
 	if room != RoomGlobal && pRoom != RoomGlobal && pRoom != room {
 		return models.Provider{}, errf(CodeProviderNotFound, "Provider '%s' not accessible from room '%s'", fullName, room)
+	}
+	if !addressable(pRoom, cat, name) {
+		return models.Provider{}, errf(CodeProviderNotFound, "Provider '%s' not found", fullName)
 	}
 	p, err := q.ProviderByKey(pRoom, cat, name, false)
 	if err != nil {

@@ -54,6 +54,9 @@ func (s *Service) CheckProvider(ctx context.Context, p Principal, fullName strin
 	if !ok {
 		return errf(CodeProviderNotFound, "Invalid provider name format: %s", fullName)
 	}
+	if !addressable(room, cat, name) {
+		return errf(CodeProviderNotFound, "Provider '%s' not found", fullName)
+	}
 	prov, err := s.db.Q(ctx).ProviderByKey(room, cat, name, false)
 	if errors.Is(err, models.ErrNotFound) {
 		return errf(CodeProviderNotFound, "Provider '%s' not found", fullName)

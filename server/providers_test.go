@@ -820,3 +820,34 @@ func TestProviderTwoNodes(t *testing.T) {
 		t.Fatalf("%d dispatches across two nodes, want 1", n)
 	}
 }
+
+// TestProviderUnstorableText: text PostgreSQL cannot store (NUL, invalid
+// UTF-8) or names too long for the unique index answer 4xx, never 500, and
+// store nothing.
+func TestProviderUnstorableText(t *testing.T) {
+	t.Parallel()
+	each(t, func(t *testing.T, e *env) {
+		long := strings.Repeat("n", 5000)
+		for _, body := range []string{
+			`{"category":"files\u0000","name":"local"}`,
+			`{"category":"files","name":"lo\u0000cal"}`,
+			`{"category":"files","name":"` + long + `"}`,
+		} {
+			r := e.do(e.alice, "PUT", api+"/rooms/r1/providers", body)
+			if r.Status != 422 {
+				t.Errorf("register %.40q: %d %s, want 422", body, r.Status, r.Body)
+			}
+		}
+		for _, path := range []string{
+			"/rooms/r1/providers/r1:files:" + long,
+			"/rooms/r1/providers/r1:files:" + long + "/info",
+			"/rooms/r1/providers/r1:files:a%00b",
+			"/rooms/r1/providers/r1:files:a%FFb/info",
+		} {
+			e.do(e.alice, "GET", api+path, nil).problem(404, "provider-not-found")
+		}
+		if n := e.do(e.alice, "GET", api+"/rooms/r1/providers", nil).want(200).M()["total"]; n != 0.0 {
+			t.Fatalf("%v providers stored", n)
+		}
+	})
+}
