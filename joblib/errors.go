@@ -1,0 +1,54 @@
+package joblib
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Code identifies a client-facing failure. Its string is the problem type slug
+// of the contract (`/v1/problems/<code>`).
+type Code string
+
+// The problem codes clients rely on.
+const (
+	CodeJobNotFound              Code = "job-not-found"
+	CodeSchemaConflict           Code = "schema-conflict"
+	CodeInvalidCategory          Code = "invalid-category"
+	CodeWorkerNotFound           Code = "worker-not-found"
+	CodeTaskNotFound             Code = "task-not-found"
+	CodeInvalidTaskTransition    Code = "invalid-task-transition"
+	CodeInvalidRoomID            Code = "invalid-room-id"
+	CodeForbidden                Code = "forbidden"
+	CodeInternalJobNotConfigured Code = "internal-job-not-configured"
+	CodeProviderNotFound         Code = "provider-not-found"
+	CodeProviderTimeout          Code = "provider-timeout"
+	CodeValidation               Code = "validation-error"
+	CodePayloadTooLarge          Code = "payload-too-large"
+	CodeUnauthorized             Code = "unauthorized"
+)
+
+// Error is a failure the caller caused or must see, with the detail text the
+// contract specifies. Everything else a Service returns is an internal error.
+type Error struct {
+	Code   Code
+	Detail string
+}
+
+func (e *Error) Error() string { return string(e.Code) + ": " + e.Detail }
+
+func errf(code Code, format string, args ...any) *Error {
+	return &Error{Code: code, Detail: fmt.Sprintf(format, args...)}
+}
+
+// AsError returns the *Error in err's chain, if any.
+func AsError(err error) (*Error, bool) {
+	var e *Error
+	ok := errors.As(err, &e)
+	return e, ok
+}
+
+// IsCode reports whether err carries the given code.
+func IsCode(err error, code Code) bool {
+	e, ok := AsError(err)
+	return ok && e.Code == code
+}

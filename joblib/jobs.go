@@ -1,0 +1,282 @@
+package joblib
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+
+	"github.com/google/uuid"
+	"github.com/zndraw/joblib/events"
+	"github.com/zndraw/joblib/models"
+)
+
+// Worker-loss policies of a job: what CleanupWorker does with the claimed and
+// running tasks of a worker that is gone.
+const (
+	// OnWorkerLossFail fails them with "Worker disconnected" (the default).
+	OnWorkerLossFail = "fail"
+	// OnWorkerLossRequeue puts them back to pending until MaxAttempts claims
+	// were used, then fails them.
+	OnWorkerLossRequeue = "requeue"
+)
+
+// DefaultRequeueAttempts is max_attempts for a requeue policy that names none.
+const DefaultRequeueAttempts = 3
+
+// RegisterJobParams is the body of PUT /rooms/{room}/jobs.
+type RegisterJobParams struct {
+	Category string
+	Name     string
+	Schema   json.RawMessage // nil means {}
+	WorkerID *uuid.UUID      // nil: a new worker is created for the caller
+	// OnWorkerLoss is "fail" or "requeue"; empty keeps a live job's policy
+	// (new jobs get "fail").
+	OnWorkerLoss string
+	// MaxAttempts bounds claims under the requeue policy (0: default).
+	MaxAttempts int
+}
+
+// RegisterJob registers (or re-registers) a job in a room and links a worker
+// to it. created is true when the job row was inserted or reactivated.
+func (s *Service) RegisterJob(ctx context.Context, p Principal, room string, r RegisterJobParams) (job Job, created bool, err error) {
+	if err := ValidateRoomID(room); err != nil {
+		return Job{}, false, err
+	}
+	if (room == RoomGlobal || room == RoomInternal) && !p.Superuser {
+		return Job{}, false, errf(CodeForbidden, "Admin required for @global/@internal job registration")
+	}
+	st := s.Settings()
+	if !st.AllowedCategories.Contains(r.Category) {
+		return Job{}, false, errf(CodeInvalidCategory, "Category '%s' not in allowed list: %s", r.Category, st.AllowedCategories.pyList())
+	}
+	policy, attempts, err := jobPolicy(r.OnWorkerLoss, r.MaxAttempts)
+	if err != nil {
+		return Job{}, false, err
+	}
+	schema, err := canonicalObject(r.Schema)
+	if err != nil {
+		return Job{}, false, err
+	}
+
+	err = s.mutate(ctx, func(q *models.Q, em *events.Set) error {
+		row := models.Job{ID: uuid.New(), RoomID: room, Category: r.Category, Name: r.Name, Schema: schema,
+			OnWorkerLoss: policy, MaxAttempts: attempts}
+		inserted, err := q.InsertJobIfAbsent(row)
+		if err != nil {
+			return err
+		}
+		j, err := q.JobByKey(room, r.Category, r.Name)
+		if err != nil {
+			return err
+		}
+		switch {
+		case inserted:
+			created = true
+		case j.Deleted:
+			if created, err = q.ReactivateJob(j.ID, schema, policy, attempts); err != nil {
+				return err
+			}
+			j.Schema, j.Deleted, j.OnWorkerLoss, j.MaxAttempts = schema, false, policy, attempts
+		default:
+			same, err := sameJSON(j.Schema, schema)
+			if err != nil {
+				return err
+			}
+			if !same {
+				return errf(CodeSchemaConflict, "Schema mismatch for job '%s'", j.FullName())
+			}
+			if r.OnWorkerLoss != "" && (policy != j.OnWorkerLoss || attempts != j.MaxAttempts) {
+				if err := q.SetJobPolicy(j.ID, policy, attempts); err != nil {
+					return err
+				}
+				j.OnWorkerLoss, j.MaxAttempts = policy, attempts
+			}
+		}
+		w, err := workerFor(q, p, r.WorkerID)
+		if err != nil {
+			return err
+		}
+		if err := q.LinkWorkerJob(w.ID, j.ID); err != nil {
+			if errors.Is(err, models.ErrConflict) {
+				// The worker was cleaned up between our read and the link.
+				return errf(CodeWorkerNotFound, "Worker '%s' not found or not owned by user", w.ID)
+			}
+			return err
+		}
+		links, err := q.JobWorkerIDs([]uuid.UUID{j.ID})
+		if err != nil {
+			return err
+		}
+		job = jobView(j, links[j.ID], &w.ID)
+		em.Add(events.Room(room), events.JobsInvalidate{})
+		return nil
+	})
+	return job, created, err
+}
+
+func jobPolicy(onLoss string, attempts int) (string, int, error) {
+	switch onLoss {
+	case "", OnWorkerLossFail:
+		if attempts < 0 {
+			return "", 0, errf(CodeValidation, "max_attempts must be at least 1")
+		}
+		return OnWorkerLossFail, max(attempts, 1), nil
+	case OnWorkerLossRequeue:
+		if attempts == 0 {
+			attempts = DefaultRequeueAttempts
+		}
+		if attempts < 1 {
+			return "", 0, errf(CodeValidation, "max_attempts must be at least 1")
+		}
+		return OnWorkerLossRequeue, attempts, nil
+	}
+	return "", 0, errf(CodeValidation, "on_worker_loss must be 'fail' or 'requeue', got '%s'", onLoss)
+}
+
+// resolveJob finds a live job by full name (visibility is not checked: any
+// room may address any job, as the contract requires).
+func resolveJob(q *models.Q, fullName string) (models.Job, error) {
+	room, cat, name, ok := SplitFullName(fullName)
+	if !ok {
+		return models.Job{}, errf(CodeJobNotFound, "Invalid job name format: %s", fullName)
+	}
+	j, err := q.JobByKey(room, cat, name)
+	if err == nil && j.Deleted {
+		err = models.ErrNotFound
+	}
+	if err != nil {
+		return j, notFound(err, errf(CodeJobNotFound, "Job '%s' not found", fullName))
+	}
+	return j, nil
+}
+
+// GetJob returns a live job by full name.
+func (s *Service) GetJob(ctx context.Context, room, fullName string) (Job, error) {
+	if err := ValidateRoomID(room); err != nil {
+		return Job{}, err
+	}
+	q := s.db.Q(ctx)
+	j, err := resolveJob(q, fullName)
+	if err != nil {
+		return Job{}, err
+	}
+	links, err := q.JobWorkerIDs([]uuid.UUID{j.ID})
+	if err != nil {
+		return Job{}, err
+	}
+	return jobView(j, links[j.ID], nil), nil
+}
+
+// ListJobs pages through the live jobs visible from a room, newest first.
+func (s *Service) ListJobs(ctx context.Context, room string, pg PageParams) (Page[JobSummary], error) {
+	if err := ValidateRoomID(room); err != nil {
+		return Page[JobSummary]{}, err
+	}
+	q := s.db.Q(ctx)
+	js, total, err := q.ListJobs(jobRoomsVisibleFrom(room), pg)
+	if err != nil {
+		return Page[JobSummary]{}, err
+	}
+	ids := make([]uuid.UUID, len(js))
+	for i, j := range js {
+		ids[i] = j.ID
+	}
+	links, err := q.JobWorkerIDs(ids)
+	if err != nil {
+		return Page[JobSummary]{}, err
+	}
+	items := make([]JobSummary, len(js))
+	for i, j := range js {
+		ws := links[j.ID]
+		if ws == nil {
+			ws = []uuid.UUID{}
+		}
+		items[i] = JobSummary{FullName: j.FullName(), Category: j.Category, Name: j.Name, Workers: ws}
+	}
+	return Page[JobSummary]{Items: items, Total: total, Limit: pg.Limit, Offset: pg.Offset}, nil
+}
+
+// canonicalObject checks that raw is a JSON object (nil means {}) and returns
+// it compacted.
+func canonicalObject(raw json.RawMessage) (string, error) {
+	if len(bytes.TrimSpace(raw)) == 0 {
+		return "{}", nil
+	}
+	var v any
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return "", errf(CodeValidation, "schema: %v", err)
+	}
+	if _, ok := v.(map[string]any); !ok {
+		return "", errf(CodeValidation, "schema must be a JSON object")
+	}
+	var b bytes.Buffer
+	if err := json.Compact(&b, raw); err != nil {
+		return "", errf(CodeValidation, "schema: %v", err)
+	}
+	return b.String(), nil
+}
+
+// sameJSON compares two JSON documents the way the Python server did: deep
+// equality where numbers compare by value and true/false equal 1/0.
+func sameJSON(a, b string) (bool, error) {
+	var va, vb any
+	if err := json.Unmarshal([]byte(a), &va); err != nil {
+		return false, err
+	}
+	if err := json.Unmarshal([]byte(b), &vb); err != nil {
+		return false, err
+	}
+	return pyEqual(va, vb), nil
+}
+
+func pyEqual(a, b any) bool {
+	if x, ok := pyNumber(a); ok {
+		y, ok := pyNumber(b)
+		return ok && x == y
+	}
+	switch av := a.(type) {
+	case nil:
+		return b == nil
+	case string:
+		bv, ok := b.(string)
+		return ok && av == bv
+	case []any:
+		bv, ok := b.([]any)
+		if !ok || len(av) != len(bv) {
+			return false
+		}
+		for i := range av {
+			if !pyEqual(av[i], bv[i]) {
+				return false
+			}
+		}
+		return true
+	case map[string]any:
+		bv, ok := b.(map[string]any)
+		if !ok || len(av) != len(bv) {
+			return false
+		}
+		for k, x := range av {
+			y, ok := bv[k]
+			if !ok || !pyEqual(x, y) {
+				return false
+			}
+		}
+		return true
+	}
+	return false
+}
+
+func pyNumber(v any) (float64, bool) {
+	switch n := v.(type) {
+	case float64:
+		return n, true
+	case bool:
+		if n {
+			return 1, true
+		}
+		return 0, true
+	}
+	return 0, false
+}

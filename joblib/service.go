@@ -1,0 +1,125 @@
+package joblib
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+
+	"github.com/zndraw/joblib/events"
+	"github.com/zndraw/joblib/models"
+)
+
+// Service is the coordinator's domain API. The REST handlers, the Socket.IO
+// handlers, the sweeper and the CLI all go through it. It is safe for
+// concurrent use.
+type Service struct {
+	db       *models.DB
+	bus      events.Bus
+	log      *slog.Logger
+	watch    *taskWatch
+	unsubbus func()
+	draining chan struct{}
+	drainOne sync.Once
+
+	mu        sync.RWMutex
+	settings  Settings
+	internal  map[string]InternalJob
+	observers []CleanupObserver
+	runner    *internalRunner
+}
+
+// Config is what a Service is built from.
+type Config struct {
+	DB       *models.DB
+	Bus      events.Bus   // default: a new in-process LocalBus
+	Logger   *slog.Logger // default: discard
+	Settings Settings     // zero value: DefaultSettings()
+}
+
+// New builds a Service. Call Close when done.
+func New(cfg Config) *Service {
+	if cfg.Bus == nil {
+		cfg.Bus = events.NewLocalBus()
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Settings.WorkerTimeout == 0 {
+		cfg.Settings = DefaultSettings()
+	}
+	s := &Service{
+		db:       cfg.DB,
+		bus:      cfg.Bus,
+		log:      cfg.Logger,
+		settings: cfg.Settings,
+		watch:    newTaskWatch(),
+		draining: make(chan struct{}),
+		internal: map[string]InternalJob{},
+	}
+	s.unsubbus = s.bus.Subscribe(s.watch.observe)
+	return s
+}
+
+// Close detaches the service from its bus.
+func (s *Service) Close() { s.unsubbus() }
+
+// Drain ends every long-poll at once with the current state, so a shutting
+// down server does not wait out their timeouts; clients simply poll again.
+func (s *Service) Drain() { s.drainOne.Do(func() { close(s.draining) }) }
+
+// DB is the database the service runs on.
+func (s *Service) DB() *models.DB { return s.db }
+
+// Bus is where committed events go.
+func (s *Service) Bus() events.Bus { return s.bus }
+
+// Settings returns the current settings.
+func (s *Service) Settings() Settings {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.settings
+}
+
+// SetSettings replaces the settings at runtime (operators and tests).
+func (s *Service) SetSettings(st Settings) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.settings = st
+}
+
+// mutate runs fn in one transaction and publishes what it emitted once the
+// transaction has committed. Nothing is published when fn or the commit fails.
+func (s *Service) mutate(ctx context.Context, fn func(q *models.Q, em *events.Set) error) error {
+	var em events.Set
+	err := s.db.Tx(ctx, func(q *models.Q) error {
+		em = events.Set{}
+		return fn(q, &em)
+	})
+	if err != nil {
+		return err
+	}
+	s.publish(ctx, em.List())
+	return nil
+}
+
+// publish hands committed emissions to the bus. A failure here cannot undo the
+// commit, so it is logged and counted rather than failing the request.
+func (s *Service) publish(ctx context.Context, ems []events.Emission) {
+	if len(ems) == 0 {
+		return
+	}
+	if err := s.bus.Publish(context.WithoutCancel(ctx), ems); err != nil {
+		s.log.Error("publish events", "count", len(ems), "err", err)
+	}
+}
+
+func isNotFound(err error) bool { return errors.Is(err, models.ErrNotFound) }
+
+// notFound turns models.ErrNotFound into the given client error.
+func notFound(err error, e *Error) error {
+	if errors.Is(err, models.ErrNotFound) {
+		return e
+	}
+	return err
+}

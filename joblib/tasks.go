@@ -1,0 +1,269 @@
+package joblib
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/zndraw/joblib/events"
+	"github.com/zndraw/joblib/models"
+)
+
+// transitions is the task state machine (contract §3.1); anything else,
+// including a transition to the same state, is refused with 409.
+var transitions = map[string][]string{
+	models.StatusPending: {models.StatusClaimed, models.StatusCancelled},
+	models.StatusClaimed: {models.StatusRunning, models.StatusFailed, models.StatusCancelled},
+	models.StatusRunning: {models.StatusCompleted, models.StatusFailed, models.StatusCancelled},
+}
+
+// ValidStatus reports whether s is one of the six task statuses.
+func ValidStatus(s string) bool {
+	switch s {
+	case models.StatusPending, models.StatusClaimed, models.StatusRunning,
+		models.StatusCompleted, models.StatusFailed, models.StatusCancelled:
+		return true
+	}
+	return false
+}
+
+func allowed(from, to string) bool {
+	for _, t := range transitions[from] {
+		if t == to {
+			return true
+		}
+	}
+	return false
+}
+
+// SubmitTask creates a task for a job, addressed by full name, in a target
+// room. Any room may submit to any job.
+func (s *Service) SubmitTask(ctx context.Context, p Principal, room, fullName string, payload json.RawMessage) (Task, error) {
+	if err := ValidateRoomID(room); err != nil {
+		return Task{}, err
+	}
+	body, err := canonicalObject(payload)
+	if err != nil {
+		if e, ok := AsError(err); ok {
+			e.Detail = "payload must be a JSON object"
+		}
+		return Task{}, err
+	}
+	var (
+		task     Task
+		internal InternalJob
+	)
+	err = s.mutate(ctx, func(q *models.Q, em *events.Set) error {
+		j, err := resolveJob(q, fullName)
+		if err != nil {
+			return err
+		}
+		status := models.StatusPending
+		if j.RoomID == RoomInternal {
+			var ok bool
+			if internal, ok = s.internalJob(j.FullName()); !ok {
+				return errf(CodeInternalJobNotConfigured, "Internal job '%s' is registered but no executor is available", j.FullName())
+			}
+			// The server itself claims internal tasks; no worker ever sees them.
+			status = models.StatusClaimed
+		}
+		creator := p.ID
+		t, err := q.InsertTask(uuid.New(), j.ID, room, &creator, body, status)
+		if err != nil {
+			return err
+		}
+		task = taskView(t)
+		em.Add(events.Room(room), statusEvent(task))
+		if j.RoomID != RoomInternal {
+			em.Add(events.JobRoom(j.FullName()), events.TaskAvailable{JobName: j.FullName(), RoomID: room, TaskID: task.ID.String()})
+		}
+		return nil
+	})
+	if err != nil {
+		return Task{}, err
+	}
+	if internal.Handler != nil {
+		s.dispatchInternal(ctx, internal, task)
+	}
+	return task, nil
+}
+
+// ClaimTask claims the oldest pending task of the worker's jobs. It returns
+// nil when nothing is claimable.
+func (s *Service) ClaimTask(ctx context.Context, p Principal, workerID uuid.UUID) (*Task, error) {
+	var out *Task
+	err := s.mutate(ctx, func(q *models.Q, em *events.Set) error {
+		w, err := q.GetWorker(workerID)
+		if err != nil {
+			return notFound(err, errf(CodeWorkerNotFound, "Worker %s not found", workerID))
+		}
+		if w.UserID != p.ID {
+			return errf(CodeForbidden, "Worker belongs to a different user")
+		}
+		t, ok, err := q.ClaimTask(workerID)
+		if err != nil || !ok {
+			return err
+		}
+		v := taskView(t)
+		out = &v
+		em.Add(events.Room(v.RoomID), statusEvent(v))
+		return nil
+	})
+	return out, err
+}
+
+// GetTask reads a task.
+func (s *Service) GetTask(ctx context.Context, id uuid.UUID) (Task, error) {
+	t, err := s.db.Q(ctx).GetTask(id)
+	if err != nil {
+		return Task{}, notFound(err, errf(CodeTaskNotFound, "Task '%s' not found", id))
+	}
+	return taskView(t), nil
+}
+
+// WaitTask reads a task and, if it is not terminal, waits up to wait (capped
+// by LongPollMaxWait) for it to become terminal. It is woken by the task's
+// change itself, not by polling. waited reports whether a wait happened
+// (the caller then answers Preference-Applied with the effective wait).
+func (s *Service) WaitTask(ctx context.Context, id uuid.UUID, wait time.Duration) (t Task, effective time.Duration, waited bool, err error) {
+	if wait <= 0 {
+		t, err = s.GetTask(ctx, id)
+		return t, 0, false, err
+	}
+	effective = min(wait, s.Settings().LongPollMaxWait)
+	changed, stop := s.watch.subscribe(id)
+	defer stop()
+	if t, err = s.GetTask(ctx, id); err != nil || t.Terminal() {
+		return t, 0, false, err
+	}
+	timer := time.NewTimer(effective)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return t, effective, true, ctx.Err()
+		case <-timer.C:
+			t, err = s.GetTask(ctx, id)
+			return t, effective, true, err
+		case <-s.draining:
+			t, err = s.GetTask(ctx, id)
+			return t, effective, true, err
+		case <-changed:
+			if t, err = s.GetTask(ctx, id); err != nil || t.Terminal() {
+				return t, effective, true, err
+			}
+		}
+	}
+}
+
+// UpdateTask applies a status transition (PATCH /tasks/{id}).
+func (s *Service) UpdateTask(ctx context.Context, p Principal, id uuid.UUID, status string, errMsg *string) (Task, error) {
+	if !ValidStatus(status) {
+		return Task{}, errf(CodeValidation, "status must be one of pending, claimed, running, completed, failed, cancelled")
+	}
+	var out Task
+	err := s.mutate(ctx, func(q *models.Q, em *events.Set) error {
+		t, err := q.GetTask(id)
+		if err != nil {
+			return notFound(err, errf(CodeTaskNotFound, "Task '%s' not found", id))
+		}
+		if err := s.authorizeUpdate(q, p, t, status); err != nil {
+			return err
+		}
+		if !allowed(t.Status, status) {
+			return errf(CodeInvalidTaskTransition, "Cannot transition from '%s' to '%s'", t.Status, status)
+		}
+		ok, err := q.TransitionTask(id, t.Status, status, nil, errMsg)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			// Changed under us; report against the state that won.
+			cur, err := q.GetTask(id)
+			if err != nil {
+				return err
+			}
+			return errf(CodeInvalidTaskTransition, "Cannot transition from '%s' to '%s'", cur.Status, status)
+		}
+		if events.Terminal(status) {
+			orphans, err := q.SoftDeleteOrphanJobs([]uuid.UUID{t.JobID})
+			if err != nil {
+				return err
+			}
+			for _, j := range orphans {
+				em.Add(events.Room(j.RoomID), events.JobsInvalidate{})
+			}
+		}
+		nt, err := q.GetTask(id)
+		if err != nil {
+			return err
+		}
+		out = taskView(nt)
+		em.Add(events.Room(out.RoomID), statusEvent(out))
+		return nil
+	})
+	return out, err
+}
+
+// authorizeUpdate applies the contract's rules: superusers may update any
+// task; otherwise the caller must own the worker holding the task. As a fix
+// of the contract, the submitter may also cancel their own pending task.
+func (s *Service) authorizeUpdate(q *models.Q, p Principal, t models.Task, status string) error {
+	if p.Superuser {
+		return nil
+	}
+	if t.WorkerID == nil {
+		if t.Status == models.StatusPending && status == models.StatusCancelled && t.CreatedByID != nil && *t.CreatedByID == p.ID {
+			return nil
+		}
+		return errf(CodeForbidden, "Task not claimed by any worker")
+	}
+	w, err := q.GetWorker(*t.WorkerID)
+	if err != nil || w.UserID != p.ID {
+		if err != nil && !isNotFound(err) {
+			return err
+		}
+		return errf(CodeForbidden, "Not authorized to update this task")
+	}
+	return nil
+}
+
+// TaskListParams filter a task listing.
+type TaskListParams struct {
+	Status string // optional; must be a valid status
+	Page   PageParams
+}
+
+// ListRoomTasks pages through the tasks submitted to a room, newest first.
+func (s *Service) ListRoomTasks(ctx context.Context, room string, lp TaskListParams) (Page[Task], error) {
+	if err := ValidateRoomID(room); err != nil {
+		return Page[Task]{}, err
+	}
+	return s.listTasks(s.db.Q(ctx), models.TaskFilter{RoomID: room, Status: lp.Status}, lp.Page)
+}
+
+// ListJobTasks pages through the tasks of one job submitted to a room.
+func (s *Service) ListJobTasks(ctx context.Context, room, fullName string, lp TaskListParams) (Page[Task], error) {
+	if err := ValidateRoomID(room); err != nil {
+		return Page[Task]{}, err
+	}
+	q := s.db.Q(ctx)
+	j, err := resolveJob(q, fullName)
+	if err != nil {
+		return Page[Task]{}, err
+	}
+	return s.listTasks(q, models.TaskFilter{RoomID: room, JobID: &j.ID, Status: lp.Status}, lp.Page)
+}
+
+func (s *Service) listTasks(q *models.Q, f models.TaskFilter, pg PageParams) (Page[Task], error) {
+	ts, total, err := q.ListTasks(f, pg)
+	if err != nil {
+		return Page[Task]{}, err
+	}
+	items := make([]Task, len(ts))
+	for i, t := range ts {
+		items[i] = taskView(t)
+	}
+	return Page[Task]{Items: items, Total: total, Limit: pg.Limit, Offset: pg.Offset}, nil
+}

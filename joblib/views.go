@@ -1,0 +1,151 @@
+package joblib
+
+import (
+	"encoding/json"
+
+	"github.com/google/uuid"
+	"github.com/zndraw/joblib/events"
+	"github.com/zndraw/joblib/models"
+)
+
+// Page is one page of a listing, as the API returns it.
+type Page[T any] struct {
+	Items  []T   `json:"items"`
+	Total  int64 `json:"total"`
+	Limit  int   `json:"limit"`
+	Offset int   `json:"offset"`
+}
+
+// PageParams are validated limit/offset values.
+type PageParams = models.Page
+
+// Principal is the authenticated caller.
+type Principal struct {
+	ID        uuid.UUID
+	Name      string
+	Superuser bool
+}
+
+// Worker is a worker as POST/PATCH /workers return it.
+type Worker struct {
+	ID            uuid.UUID   `json:"id"`
+	LastHeartbeat events.Time `json:"last_heartbeat"`
+}
+
+// WorkerSummary is a worker in listings.
+type WorkerSummary struct {
+	ID            uuid.UUID   `json:"id"`
+	LastHeartbeat events.Time `json:"last_heartbeat"`
+	JobCount      int64       `json:"job_count"`
+}
+
+// Job is a job's detail view.
+type Job struct {
+	ID           uuid.UUID       `json:"id"`
+	RoomID       string          `json:"room_id"`
+	Category     string          `json:"category"`
+	Name         string          `json:"name"`
+	FullName     string          `json:"full_name"`
+	Schema       json.RawMessage `json:"schema"`
+	Workers      []uuid.UUID     `json:"workers"`
+	WorkerID     *uuid.UUID      `json:"worker_id"`
+	OnWorkerLoss string          `json:"on_worker_loss"`
+	MaxAttempts  int             `json:"max_attempts"`
+}
+
+// JobSummary is a job in listings.
+type JobSummary struct {
+	FullName string      `json:"full_name"`
+	Category string      `json:"category"`
+	Name     string      `json:"name"`
+	Workers  []uuid.UUID `json:"workers"`
+}
+
+// Task is a task as the API returns it.
+type Task struct {
+	ID            uuid.UUID       `json:"id"`
+	JobName       string          `json:"job_name"`
+	RoomID        string          `json:"room_id"`
+	Status        string          `json:"status"`
+	CreatedAt     events.Time     `json:"created_at"`
+	StartedAt     events.Time     `json:"started_at"`
+	CompletedAt   events.Time     `json:"completed_at"`
+	WorkerID      *uuid.UUID      `json:"worker_id"`
+	Error         *string         `json:"error"`
+	Payload       json.RawMessage `json:"payload"`
+	QueuePosition *int64          `json:"queue_position"`
+	Attempt       int             `json:"attempt"`
+}
+
+// Terminal reports whether the task reached a final status.
+func (t Task) Terminal() bool { return events.Terminal(t.Status) }
+
+// Provider is a provider as the API returns it.
+type Provider struct {
+	ID        uuid.UUID       `json:"id"`
+	RoomID    string          `json:"room_id"`
+	Category  string          `json:"category"`
+	Name      string          `json:"name"`
+	FullName  string          `json:"full_name"`
+	Schema    json.RawMessage `json:"schema"`
+	WorkerID  uuid.UUID       `json:"worker_id"`
+	CreatedAt events.Time     `json:"created_at"`
+}
+
+func wireTime(t models.Time) events.Time { return events.Time{Time: t.Time} }
+
+func rawJSON(s string) json.RawMessage {
+	if s == "" {
+		return json.RawMessage("{}")
+	}
+	return json.RawMessage(s)
+}
+
+func workerView(w models.Worker) Worker {
+	return Worker{ID: w.ID, LastHeartbeat: wireTime(w.LastHeartbeat)}
+}
+
+func workerSummary(w models.Worker) WorkerSummary {
+	return WorkerSummary{ID: w.ID, LastHeartbeat: wireTime(w.LastHeartbeat), JobCount: w.JobCount}
+}
+
+func jobView(j models.Job, workers []uuid.UUID, workerID *uuid.UUID) Job {
+	if workers == nil {
+		workers = []uuid.UUID{}
+	}
+	return Job{
+		ID: j.ID, RoomID: j.RoomID, Category: j.Category, Name: j.Name, FullName: j.FullName(),
+		Schema: rawJSON(j.Schema), Workers: workers, WorkerID: workerID,
+		OnWorkerLoss: j.OnWorkerLoss, MaxAttempts: j.MaxAttempts,
+	}
+}
+
+func taskView(t models.Task) Task {
+	return Task{
+		ID: t.ID, JobName: t.JobFullName(), RoomID: t.RoomID, Status: t.Status,
+		CreatedAt: wireTime(t.CreatedAt), StartedAt: wireTime(t.StartedAt), CompletedAt: wireTime(t.CompletedAt),
+		WorkerID: t.WorkerID, Error: t.Error, Payload: rawJSON(t.Payload), QueuePosition: t.QueuePosition,
+		Attempt: t.Attempt,
+	}
+}
+
+func providerView(p models.Provider) Provider {
+	return Provider{
+		ID: p.ID, RoomID: p.RoomID, Category: p.Category, Name: p.Name, FullName: p.FullName(),
+		Schema: rawJSON(p.Schema), WorkerID: p.WorkerID, CreatedAt: wireTime(p.CreatedAt),
+	}
+}
+
+// statusEvent is the task_status_event for a task's current state.
+func statusEvent(t Task) events.TaskStatusEvent {
+	var wid *string
+	if t.WorkerID != nil {
+		s := t.WorkerID.String()
+		wid = &s
+	}
+	return events.TaskStatusEvent{
+		ID: t.ID.String(), Name: t.JobName, RoomID: t.RoomID, Status: t.Status,
+		CreatedAt: t.CreatedAt, StartedAt: t.StartedAt, CompletedAt: t.CompletedAt,
+		QueuePosition: t.QueuePosition, WorkerID: wid, Error: t.Error,
+	}
+}
