@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"sync"
 
+	"github.com/google/uuid"
 	"github.com/zndraw/joblib/events"
 	"github.com/zndraw/joblib/models"
 )
@@ -27,6 +28,9 @@ type Service struct {
 	internal  map[string]InternalJob
 	observers []CleanupObserver
 	runner    *internalRunner
+
+	node        Node
+	fpObservers []func(FalsePositive)
 }
 
 // Config is what a Service is built from.
@@ -35,6 +39,8 @@ type Config struct {
 	Bus      events.Bus   // default: a new in-process LocalBus
 	Logger   *slog.Logger // default: discard
 	Settings Settings     // zero value: DefaultSettings()
+	// Node is this process's identity; zero: NewNode(Settings.NodeID).
+	Node Node
 }
 
 // New builds a Service. Call Close when done.
@@ -56,6 +62,14 @@ func New(cfg Config) *Service {
 		watch:    newTaskWatch(),
 		draining: make(chan struct{}),
 		internal: map[string]InternalJob{},
+	}
+	s.node = cfg.Node
+	if s.node.ID == "" {
+		n, err := NewNode(cfg.Settings.NodeID)
+		if err != nil {
+			n = Node{ID: "node", Run: uuid.NewString()}
+		}
+		s.node = n
 	}
 	s.unsubbus = s.bus.Subscribe(s.watch.observe)
 	return s
