@@ -10,8 +10,11 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/zndraw/joblib/events"
 	"github.com/zndraw/joblib/joblib"
+	"github.com/zndraw/joblib/models"
 	"github.com/zndraw/joblib/server"
 )
 
@@ -24,15 +27,38 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	}
 	defer db.Close()
 
+	node, err := joblib.NewNode(cfg.Settings.NodeID)
+	if err != nil {
+		return err
+	}
 	bus := events.NewLocalBus()
-	svc := joblib.New(joblib.Config{DB: db, Bus: bus, Logger: log.With("component", "joblib"), Settings: cfg.Settings})
+	svc := joblib.New(joblib.Config{DB: db, Bus: bus, Logger: log.With("component", "joblib"), Settings: cfg.Settings, Node: node})
 	defer svc.Close()
 
 	if err := bootstrapAuth(ctx, cfg, svc, log, stdout); err != nil {
 		return err
 	}
 
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics, err := server.NewMetrics(reg, svc)
+	if err != nil {
+		return err
+	}
+	release, err := recoverNode(ctx, db, svc, log)
+	if err != nil {
+		return err
+	}
+	defer release()
+	sweeper := joblib.NewSweeper(svc, joblib.SweeperConfig{Logger: log})
+	metrics.ObserveSweeper(sweeper)
+	if err := sweeper.Start(ctx); err != nil {
+		return fmt.Errorf("start sweeper: %w", err)
+	}
+	defer sweeper.Stop()
+
 	srv := server.New(svc, cfg.Server, log.With("component", "http"))
+	srv.Handle("GET /metrics", server.MetricsHandler(reg))
 	ln, err := net.Listen("tcp", cfg.Server.ListenAddr)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.Server.ListenAddr, err)
@@ -83,4 +109,32 @@ func bootstrapAuth(ctx context.Context, cfg Config, svc *joblib.Service, log *sl
 	fmt.Fprintf(stdout, "No users yet: created superuser \"admin\" with this API token (shown once):\n%s\n", tok)
 	log.Info("created initial admin token; it was printed to stdout")
 	return nil
+}
+
+// recoverNode is startup recovery: it cleans the workers whose sockets a
+// previous run of this node held. The node lock (held for the process's
+// life) makes sure no other running process uses the same node id; when it
+// is taken (a second process with this JOBLIB_NODE_ID, or the session of a
+// crashed host the database has not noticed yet), recovery is skipped, which
+// is safe: the sweeper still judges those workers by their heartbeat.
+func recoverNode(ctx context.Context, db *models.DB, svc *joblib.Service, log *slog.Logger) (release func(), err error) {
+	node := svc.Node()
+	lock := db.NewSessionLock("node:" + node.ID)
+	held, err := lock.Hold(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("lock node id %q: %w", node.ID, err)
+	}
+	if !held {
+		log.Error("another running process holds this node id; startup recovery skipped (give each process its own JOBLIB_NODE_ID)",
+			"node", node.ID, "run", node.Run)
+		return func() {}, nil
+	}
+	res, err := svc.RecoverNode(ctx)
+	if err != nil {
+		lock.Release()
+		return nil, fmt.Errorf("startup recovery of node %q: %w", node.ID, err)
+	}
+	log.Info("node started", "node", node.ID, "run", node.Run, "recovered_workers", res.Cleaned,
+		"tasks_failed", res.TasksFailed, "tasks_requeued", res.TasksRequeued)
+	return lock.Release, nil
 }
