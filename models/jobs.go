@@ -115,6 +115,24 @@ func (q *Q) SoftDeleteOrphanJobs(ids []uuid.UUID) ([]Job, error) {
 	if len(ids) == 0 {
 		return nil, nil
 	}
+	if q.d == Postgres {
+		// Serialise orphan checks per job. Without the lock, two cleanups
+		// that each delete the last links of their own workers both still
+		// see the other's (uncommitted) links and neither soft-deletes the
+		// job. The lock is a statement of its own so that the UPDATE below
+		// takes its snapshot after the previous holder committed. NO KEY
+		// UPDATE does not block link inserts (their foreign-key check takes
+		// KEY SHARE).
+		var locked []uuid.UUID
+		err := q.g.Raw("SELECT id FROM jobs WHERE id IN ? AND deleted = false AND room_id <> '@internal' ORDER BY id FOR NO KEY UPDATE", ids).Scan(&locked).Error
+		if err != nil {
+			return nil, fmt.Errorf("lock jobs for orphan check: %w", mapErr(err))
+		}
+		if len(locked) == 0 {
+			return nil, nil
+		}
+		ids = locked
+	}
 	var js []Job
 	err := q.g.Raw("UPDATE jobs SET deleted = true, deleted_at = "+q.now()+
 		" WHERE id IN ? AND deleted = false AND room_id <> '@internal'"+
