@@ -65,7 +65,8 @@ func (l *SessionLock) Hold(ctx context.Context) (bool, error) {
 func (l *SessionLock) Held() bool { return l.db.dialect != Postgres || l.conn != nil }
 
 // Release gives the lock up by closing its session (which frees the lock even
-// if the unlock could not be sent). Safe to call when not held.
+// if the unlock could not be sent). Safe to call when not held. A held lock
+// keeps a pool connection: release it before DB.Close, which waits for it.
 func (l *SessionLock) Release() { l.drop() }
 
 func (l *SessionLock) drop() {
