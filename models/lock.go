@@ -75,10 +75,12 @@ func (l *SessionLock) drop() {
 	}
 	c := l.conn.Hijack()
 	l.conn = nil
-	// Closing the session releases every advisory lock it held; a dead
-	// network must not hang the caller.
+	// Unlock first so the next holder need not wait for the backend to
+	// exit; closing the session releases the lock anyway if the unlock
+	// cannot be sent. A dead network must not hang the caller.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	_, _ = c.Exec(ctx, "SELECT pg_advisory_unlock_all()")
 	_ = c.Close(ctx)
 }
 
