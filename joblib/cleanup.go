@@ -1,7 +1,9 @@
 package joblib
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"time"
 
 	"github.com/google/uuid"
@@ -18,6 +20,9 @@ const (
 	PathStartup    = "startup"    // its socket was held by a previous run of this node
 	PathOperator   = "operator"   // joblib sweep --fix
 )
+
+// Paths lists every cleanup path (metrics pre-create their series from it).
+var Paths = []string{PathGraceful, PathDisconnect, PathSweeper, PathStartup, PathOperator}
 
 // ErrWorkerDisconnected is the error recorded on tasks failed by a cleanup.
 const ErrWorkerDisconnected = "Worker disconnected"
@@ -44,10 +49,28 @@ type CleanupResult struct {
 	FrameRooms []string
 	// Workers are the removed workers with their evidence.
 	Workers []models.CleanedWorker
+	// Tasks are the failed and requeued tasks as they are after the cleanup.
+	Tasks []Task
+}
+
+func (r *CleanupResult) add(out models.CleanupOutcome) {
+	r.Cleaned += len(out.Workers)
+	r.OrphanJobs += len(out.OrphanJobs)
+	r.Workers = append(r.Workers, out.Workers...)
+	for _, w := range out.Workers {
+		r.TasksFailed += w.TasksFailed
+		r.TasksRequeued += w.TasksRequeued
+		for _, fr := range w.FrameRooms {
+			r.FrameRooms = appendUniqueStr(r.FrameRooms, fr)
+		}
+	}
+	for _, t := range out.Tasks {
+		r.Tasks = append(r.Tasks, taskView(t))
+	}
 }
 
 // CleanupObserver is told about every cleanup that removed something, after
-// commit (metrics, logs).
+// commit (metrics, logs). It runs on the caller's goroutine and must not block.
 type CleanupObserver func(path string, r CleanupResult)
 
 // CleanupWorker is the one cascade every path converges on: it fails (or
@@ -59,28 +82,45 @@ func (s *Service) CleanupWorker(ctx context.Context, id uuid.UUID, p CleanupPara
 	return s.CleanupWorkers(ctx, []uuid.UUID{id}, p)
 }
 
-// CleanupWorkers is CleanupWorker for many workers in one transaction with a
-// constant number of statements.
+// CleanupWorkers is CleanupWorker for many workers: one transaction with a
+// constant number of statements per models.MaxCleanupBatch workers. When a
+// later batch fails, the earlier ones stay committed and are reported.
 func (s *Service) CleanupWorkers(ctx context.Context, ids []uuid.UUID, p CleanupParams) (CleanupResult, error) {
 	var res CleanupResult
-	if len(ids) == 0 {
-		return res, nil
+	for start := 0; start < len(ids); start += models.MaxCleanupBatch {
+		part := ids[start:min(start+models.MaxCleanupBatch, len(ids))]
+		r, err := s.cleanupTx(ctx, p, func(q *models.Q) (models.CleanupOutcome, error) {
+			return q.CleanupWorkers(part, p.Fence, ErrWorkerDisconnected, models.CleanupAudit{Path: p.Path, SweepID: p.SweepID})
+		})
+		res.merge(r)
+		if err != nil {
+			s.observe(p.Path, res)
+			return res, err
+		}
 	}
+	s.observe(p.Path, res)
+	return res, nil
+}
+
+// cleanupMatching cleans the first limit workers that satisfy p.Fence in one
+// transaction.
+func (s *Service) cleanupMatching(ctx context.Context, p CleanupParams, limit int) (CleanupResult, error) {
+	return s.cleanupTx(ctx, p, func(q *models.Q) (models.CleanupOutcome, error) {
+		return q.CleanupMatching(p.Fence, limit, ErrWorkerDisconnected, models.CleanupAudit{Path: p.Path, SweepID: p.SweepID})
+	})
+}
+
+func (s *Service) cleanupTx(ctx context.Context, p CleanupParams, fn func(q *models.Q) (models.CleanupOutcome, error)) (CleanupResult, error) {
+	var res CleanupResult
 	start := time.Now()
 	err := s.mutate(ctx, func(q *models.Q, em *events.Set) error {
-		out, err := q.CleanupWorkers(ids, p.Fence, ErrWorkerDisconnected, models.CleanupAudit{Path: p.Path, SweepID: p.SweepID})
+		out, err := fn(q)
 		if err != nil {
 			return err
 		}
-		res = CleanupResult{Cleaned: len(out.Workers), OrphanJobs: len(out.OrphanJobs), Workers: out.Workers}
+		res = CleanupResult{}
+		res.add(out)
 		cleanupEmissions(out, em)
-		for _, w := range out.Workers {
-			res.TasksFailed += w.TasksFailed
-			res.TasksRequeued += w.TasksRequeued
-			for _, r := range w.FrameRooms {
-				res.FrameRooms = appendUniqueStr(res.FrameRooms, r)
-			}
-		}
 		return nil
 	})
 	if err != nil {
@@ -89,14 +129,33 @@ func (s *Service) CleanupWorkers(ctx context.Context, ids []uuid.UUID, p Cleanup
 	if res.Cleaned > 0 {
 		s.log.Info("workers cleaned up", "path", p.Path, "workers", res.Cleaned, "tasks_failed", res.TasksFailed,
 			"tasks_requeued", res.TasksRequeued, "orphan_jobs", res.OrphanJobs, "took", time.Since(start))
-		s.mu.RLock()
-		obs := s.observers
-		s.mu.RUnlock()
-		for _, o := range obs {
-			o(p.Path, res)
-		}
 	}
 	return res, nil
+}
+
+func (r *CleanupResult) merge(o CleanupResult) {
+	r.Cleaned += o.Cleaned
+	r.TasksFailed += o.TasksFailed
+	r.TasksRequeued += o.TasksRequeued
+	r.OrphanJobs += o.OrphanJobs
+	for _, fr := range o.FrameRooms {
+		r.FrameRooms = appendUniqueStr(r.FrameRooms, fr)
+	}
+	r.Workers = append(r.Workers, o.Workers...)
+	r.Tasks = append(r.Tasks, o.Tasks...)
+}
+
+// observe tells the observers about a cleanup that removed something.
+func (s *Service) observe(path string, r CleanupResult) {
+	if r.Cleaned == 0 {
+		return
+	}
+	s.mu.RLock()
+	obs := s.observers
+	s.mu.RUnlock()
+	for _, o := range obs {
+		o(path, r)
+	}
 }
 
 // OnCleanup registers an observer for completed cleanups.
@@ -135,4 +194,183 @@ func appendUniqueStr(s []string, v string) []string {
 		}
 	}
 	return append(s, v)
+}
+
+// SweepParams configure one sweep.
+type SweepParams struct {
+	// Path is PathSweeper (the background sweeper) or PathOperator (joblib
+	// sweep --fix). Default PathSweeper.
+	Path string
+	// Threshold: workers whose last heartbeat is older than this by the
+	// database's clock are stale. Default Settings.WorkerTimeout.
+	Threshold time.Duration
+	// DryRun plans the sweep in a transaction that is rolled back: nothing
+	// changes and nothing is published or audited.
+	DryRun bool
+	// Cap applies the blast-radius cap of Settings.SweepMaxFraction. When it
+	// holds the sweep back, the report says Capped and, with RecordShadow,
+	// the plan is written to the audit trail as shadow rows.
+	Cap          bool
+	RecordShadow bool
+}
+
+// SweepReport is what one sweep did, or would do.
+type SweepReport struct {
+	SweepID   uuid.UUID
+	Path      string
+	Threshold time.Duration
+	DryRun    bool
+	// Capped: more workers were stale than the cap allows; nothing was
+	// cleaned and Result is the plan that was held back.
+	Capped bool
+	// StaleWorkers and TotalWorkers are counted when the cap is on.
+	StaleWorkers, TotalWorkers int64
+	// Result is the workers cleaned (or, for a dry run or a capped sweep,
+	// the workers that would be).
+	Result CleanupResult
+	// StuckInternal are the @internal tasks failed (or that would be) for
+	// running longer than Settings.InternalTaskTimeout.
+	StuckInternal []Task
+	Took          time.Duration
+}
+
+// errRollback ends a dry-run transaction.
+var errRollback = errors.New("dry run: roll back")
+
+// Sweep cleans every worker whose last heartbeat is older than the threshold
+// by the database's clock, in batches of Settings.SweepBatchSize (one
+// transaction each, rows skipped while another transaction holds them), then
+// fails @internal tasks stuck past Settings.InternalTaskTimeout (contract
+// §6.5). Each batch's events are published after its commit.
+func (s *Service) Sweep(ctx context.Context, p SweepParams) (SweepReport, error) {
+	st := s.Settings()
+	start := time.Now()
+	rep := SweepReport{SweepID: uuid.New(), Path: cmp.Or(p.Path, PathSweeper), Threshold: p.Threshold, DryRun: p.DryRun}
+	if rep.Threshold <= 0 {
+		rep.Threshold = st.WorkerTimeout
+	}
+	fence := models.CleanupFence{StaleAfter: rep.Threshold, SkipLocked: true}
+	params := CleanupParams{Path: rep.Path, Fence: fence, SweepID: &rep.SweepID}
+
+	if p.Cap && st.SweepMaxFraction > 0 {
+		stale, total, err := s.db.Q(ctx).CountWorkers(rep.Threshold)
+		if err != nil {
+			return rep, err
+		}
+		rep.StaleWorkers, rep.TotalWorkers = stale, total
+		if stale > int64(st.SweepCapMinWorkers) && float64(stale) > st.SweepMaxFraction*float64(total) {
+			rep.Capped = true
+			plan, err := s.planSweep(ctx, fence, st, params, p.RecordShadow)
+			rep.Result, rep.StuckInternal, rep.Took = plan.Result, plan.StuckInternal, time.Since(start)
+			return rep, err
+		}
+	}
+	if p.DryRun {
+		plan, err := s.planSweep(ctx, fence, st, params, false)
+		rep.Result, rep.StuckInternal, rep.Took = plan.Result, plan.StuckInternal, time.Since(start)
+		return rep, err
+	}
+	for {
+		r, err := s.cleanupMatching(ctx, params, st.SweepBatchSize)
+		rep.Result.merge(r)
+		if err != nil {
+			s.observe(rep.Path, rep.Result)
+			rep.Took = time.Since(start)
+			return rep, err
+		}
+		if r.Cleaned < st.SweepBatchSize {
+			break
+		}
+	}
+	s.observe(rep.Path, rep.Result)
+	stuck, err := s.failStuckInternal(ctx, st.InternalTaskTimeout)
+	rep.StuckInternal = stuck
+	rep.Took = time.Since(start)
+	return rep, err
+}
+
+// planSweep runs a whole sweep in one transaction and rolls it back. With
+// shadow, the plan's audit rows are then written, marked shadow.
+func (s *Service) planSweep(ctx context.Context, fence models.CleanupFence, st Settings, p CleanupParams, shadow bool) (SweepReport, error) {
+	var rep SweepReport
+	var outs []models.CleanupOutcome
+	err := s.db.Tx(ctx, func(q *models.Q) error {
+		rep, outs = SweepReport{}, nil
+		for {
+			out, err := q.CleanupMatching(fence, st.SweepBatchSize, ErrWorkerDisconnected, models.CleanupAudit{Path: p.Path, SweepID: p.SweepID})
+			if err != nil {
+				return err
+			}
+			outs = append(outs, out)
+			rep.Result.add(out)
+			if len(out.Workers) < st.SweepBatchSize {
+				break
+			}
+		}
+		ts, err := q.FailStuckInternalTasks(st.InternalTaskTimeout, ErrInternalTimeout)
+		if err != nil {
+			return err
+		}
+		for _, t := range ts {
+			rep.StuckInternal = append(rep.StuckInternal, taskView(t))
+		}
+		return errRollback
+	})
+	if !errors.Is(err, errRollback) {
+		return rep, err
+	}
+	if shadow && rep.Result.Cleaned > 0 {
+		err := s.db.Tx(ctx, func(q *models.Q) error {
+			for _, out := range outs {
+				if err := q.RecordShadowCleanup(out, fence, models.CleanupAudit{Path: p.Path, SweepID: p.SweepID}); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return rep, err
+		}
+	}
+	return rep, nil
+}
+
+// failStuckInternal fails @internal tasks claimed or running for longer than
+// timeout (contract §6.5) and publishes their status events.
+func (s *Service) failStuckInternal(ctx context.Context, timeout time.Duration) ([]Task, error) {
+	var out []Task
+	err := s.mutate(ctx, func(q *models.Q, em *events.Set) error {
+		out = nil
+		ts, err := q.FailStuckInternalTasks(timeout, ErrInternalTimeout)
+		if err != nil {
+			return err
+		}
+		for _, t := range ts {
+			v := taskView(t)
+			out = append(out, v)
+			em.Add(events.Room(v.RoomID), statusEvent(v))
+		}
+		return nil
+	})
+	if len(out) > 0 {
+		s.log.Warn("stuck internal tasks failed", "tasks", len(out), "timeout", timeout)
+	}
+	return out, err
+}
+
+// PurgeAudit deletes audit rows older than Settings.AuditRetention (none when
+// it is 0), in bounded batches, and returns how many.
+func (s *Service) PurgeAudit(ctx context.Context) (int64, error) {
+	ret := s.Settings().AuditRetention
+	if ret <= 0 {
+		return 0, nil
+	}
+	var total int64
+	for {
+		n, err := s.db.Q(ctx).PurgeAudit(ret, 10000)
+		total += n
+		if err != nil || n < 10000 {
+			return total, err
+		}
+	}
 }

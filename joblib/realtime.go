@@ -9,29 +9,13 @@ import (
 	"github.com/zndraw/joblib/models"
 )
 
-// Node identifies this server process for socket bindings: ID is stable
-// across restarts (JOBLIB_NODE_ID, default the hostname); Run is fresh on
-// every start. A worker bound to (ID, an older Run) lost its socket when that
-// run ended.
-type Node struct {
-	ID  string
-	Run string
-}
-
-// BindWorker attaches a worker to a socket held by this node and returns the
-// new session epoch; the worker must exist and belong to the caller. Any
-// disconnect cleanup scheduled for an older epoch becomes a no-op.
-func (s *Service) BindWorker(ctx context.Context, p Principal, workerID uuid.UUID, n Node) (int64, error) {
-	var epoch int64
-	err := s.db.Tx(ctx, func(q *models.Q) error {
-		if _, err := ownedWorker(q, p, workerID); err != nil {
-			return err
-		}
-		var err error
-		epoch, err = q.BindWorker(workerID, n.ID, n.Run)
-		return notFound(err, s.workerGone(q, workerID))
-	})
-	return epoch, err
+// BindOwnedWorker is BindWorker for a worker that must exist and belong to
+// the caller (a socket's join).
+func (s *Service) BindOwnedWorker(ctx context.Context, p Principal, workerID uuid.UUID) (int64, error) {
+	if err := s.CheckWorker(ctx, p, workerID); err != nil {
+		return 0, err
+	}
+	return s.BindWorker(ctx, workerID)
 }
 
 // CheckWorker verifies that a worker exists and belongs to the caller.

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"sync"
 
+	"github.com/google/uuid"
 	"github.com/zndraw/joblib/events"
 	"github.com/zndraw/joblib/models"
 )
@@ -29,6 +30,9 @@ type Service struct {
 	observers []CleanupObserver
 	runner    *internalRunner
 	cache     ResultCache
+
+	node        Node
+	fpObservers []func(FalsePositive)
 }
 
 // Config is what a Service is built from.
@@ -40,6 +44,8 @@ type Config struct {
 	// ResultCache holds provider results. Default: the PostgreSQL cache on a
 	// PostgreSQL database (readers on every node are woken), else in memory.
 	ResultCache ResultCache
+	// Node is this process's identity; zero: NewNode(Settings.NodeID).
+	Node Node
 }
 
 // New builds a Service. Call Close when done.
@@ -70,6 +76,14 @@ func New(cfg Config) *Service {
 		cache:    cfg.ResultCache,
 	}
 	s.runner = newInternalRunner(s)
+	s.node = cfg.Node
+	if s.node.ID == "" {
+		n, err := NewNode(cfg.Settings.NodeID)
+		if err != nil {
+			n = Node{ID: "node", Run: uuid.NewString()}
+		}
+		s.node = n
+	}
 	s.unsubbus = s.bus.Subscribe(s.watch.observe)
 	return s
 }

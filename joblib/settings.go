@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/zndraw/joblib/models"
 )
 
 // Settings are the coordinator's behaviour knobs (the contract's §9). Read
@@ -43,6 +45,26 @@ type Settings struct {
 	// submission beyond it fails at once ("Failed to dispatch to internal
 	// executor") rather than blocking the request.
 	InternalQueue int `env:"INTERNAL_QUEUE" envDefault:"256"`
+
+	// NodeID names this process among the nodes sharing a database; workers
+	// whose socket it holds are bound to it. Empty means the hostname. Read
+	// once at start. Two running processes must not share one: on
+	// PostgreSQL the second refuses to start.
+	NodeID string `env:"NODE_ID"`
+	// SweepBatchSize is how many stale workers one sweep transaction cleans
+	// (1..1000); a sweep runs batches until none is left.
+	SweepBatchSize int `env:"SWEEP_BATCH_SIZE" envDefault:"500"`
+	// SweepMaxFraction caps a sweep's blast radius: when more than this
+	// fraction of all workers is stale (and more than SweepCapMinWorkers),
+	// the sweep records what it would do and alerts instead of acting.
+	// 0 disables the cap.
+	SweepMaxFraction float64 `env:"SWEEP_MAX_FRACTION" envDefault:"0"`
+	// SweepCapMinWorkers: the cap never holds back a sweep of at most this
+	// many workers.
+	SweepCapMinWorkers int `env:"SWEEP_CAP_MIN_WORKERS" envDefault:"10"`
+	// AuditRetention is how long cleanup_events and audit_log rows are kept;
+	// the sweeper deletes older ones. 0 keeps them forever.
+	AuditRetention time.Duration `env:"AUDIT_RETENTION" envDefault:"720h"`
 }
 
 // DefaultSettings returns the documented defaults.
@@ -60,6 +82,9 @@ func DefaultSettings() Settings {
 		ProviderMaxResultBytes:  16 << 20,
 		InternalWorkers:         4,
 		InternalQueue:           256,
+		SweepBatchSize:          500,
+		SweepCapMinWorkers:      10,
+		AuditRetention:          720 * time.Hour,
 	}
 }
 
@@ -90,6 +115,18 @@ func (s Settings) Validate() error {
 	}
 	if s.InternalQueue < 0 {
 		return fmt.Errorf("JOBLIB_INTERNAL_QUEUE must not be negative, got %d", s.InternalQueue)
+	}
+	if s.SweepBatchSize < 1 || s.SweepBatchSize > models.MaxCleanupBatch {
+		return fmt.Errorf("JOBLIB_SWEEP_BATCH_SIZE must be between 1 and %d, got %d", models.MaxCleanupBatch, s.SweepBatchSize)
+	}
+	if s.SweepMaxFraction < 0 || s.SweepMaxFraction > 1 {
+		return fmt.Errorf("JOBLIB_SWEEP_MAX_FRACTION must be between 0 and 1, got %g", s.SweepMaxFraction)
+	}
+	if s.SweepCapMinWorkers < 0 {
+		return fmt.Errorf("JOBLIB_SWEEP_CAP_MIN_WORKERS must not be negative, got %d", s.SweepCapMinWorkers)
+	}
+	if s.AuditRetention < 0 {
+		return fmt.Errorf("JOBLIB_AUDIT_RETENTION must not be negative, got %s", s.AuditRetention)
 	}
 	if len(s.AllowedCategories) == 0 {
 		return fmt.Errorf("JOBLIB_ALLOWED_CATEGORIES must name at least one category")

@@ -195,10 +195,15 @@ func (s *Service) UpdateTask(ctx context.Context, p Principal, id uuid.UUID, sta
 		}
 	}
 	var out Task
+	var lost *uuid.UUID
 	err := s.mutate(ctx, func(q *models.Q, em *events.Set) error {
+		lost = nil
 		t, err := q.GetTask(id)
 		if err != nil {
 			return notFound(err, errf(CodeTaskNotFound, "Task '%s' not found", id))
+		}
+		if err := lostToCaller(q, p, t, status, &lost); err != nil {
+			return err
 		}
 		if err := s.authorizeUpdate(q, p, t, status); err != nil {
 			return err
@@ -214,6 +219,9 @@ func (s *Service) UpdateTask(ctx context.Context, p Principal, id uuid.UUID, sta
 			// Changed under us; report against the state that won.
 			cur, err := q.GetTask(id)
 			if err != nil {
+				return err
+			}
+			if err := lostToCaller(q, p, cur, status, &lost); err != nil {
 				return err
 			}
 			return errf(CodeInvalidTaskTransition, "Cannot transition from '%s' to '%s'", cur.Status, status)
@@ -235,7 +243,36 @@ func (s *Service) UpdateTask(ctx context.Context, p Principal, id uuid.UUID, sta
 		em.Add(events.Room(out.RoomID), statusEvent(out))
 		return nil
 	})
+	if lost != nil {
+		s.noteHeard(ctx, p.ID, *lost, HeardViaTaskUpdate)
+	}
 	return out, err
+}
+
+// lostToCaller refuses a worker's late report about a task that a cleanup
+// took from it: when the task was lost by a worker the caller owned, that a
+// sweep, disconnect or startup recovery removed, and no other worker holds
+// the task now, the answer is 404 worker-not-found (clients stop and
+// re-register on it) and *lost is set so the false positive gets recorded.
+func lostToCaller(q *models.Q, p Principal, t models.Task, status string, lost **uuid.UUID) error {
+	if t.LostWorkerID == nil {
+		return nil
+	}
+	switch status {
+	case models.StatusRunning, models.StatusCompleted, models.StatusFailed:
+	default:
+		return nil
+	}
+	if t.WorkerID != nil && *t.WorkerID != *t.LostWorkerID {
+		return nil // claimed again since; its holder's reports are judged as usual
+	}
+	_, reaped, err := q.ReapedWorker(*t.LostWorkerID, p.ID)
+	if err != nil || !reaped {
+		return err
+	}
+	id := *t.LostWorkerID
+	*lost = &id
+	return errf(CodeWorkerNotFound, "Worker '%s' not found", id)
 }
 
 // authorizeUpdate applies the contract's rules: superusers may update any

@@ -33,6 +33,11 @@ func (s *Service) Heartbeat(ctx context.Context, p Principal, id uuid.UUID) (Wor
 		return notFound(err, s.workerGone(q, id))
 	})
 	if err != nil {
+		if IsCode(err, CodeWorkerNotFound) {
+			// A reaped worker heard from again: recorded as a false positive
+			// when the caller owned it; the answer is 404 either way.
+			s.noteHeard(ctx, p.ID, id, HeardViaHeartbeat)
+		}
 		return Worker{}, err
 	}
 	return workerView(out), nil

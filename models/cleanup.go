@@ -2,12 +2,18 @@ package models
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/google/uuid"
 )
+
+// MaxCleanupBatch is the most workers one cleanup statement set takes. It
+// keeps every statement's bound parameters under both databases' limits
+// (PostgreSQL 65535, SQLite 32766) and bounds how long row locks are held.
+const MaxCleanupBatch = 1000
 
 // CleanupFence is the condition, re-checked under the worker's row lock, that
 // must still hold for a worker to be cleaned. It is what makes racing callers
@@ -36,6 +42,8 @@ type CleanupAudit struct {
 // CleanedWorker is a worker a cleanup removed, with the evidence.
 type CleanedWorker struct {
 	Worker
+	// DBNow is the database's clock when the worker was locked for cleanup:
+	// the moment of the decision, against which LastHeartbeat is judged.
 	DBNow          Time
 	TasksFailed    int
 	TasksRequeued  int
@@ -43,6 +51,13 @@ type CleanedWorker struct {
 	ProviderRooms  []string
 	FrameRooms     []string
 	LinkedJobRooms []string
+	// FailedTaskIDs and RequeuedTaskIDs are the tasks it lost.
+	FailedTaskIDs   []uuid.UUID
+	RequeuedTaskIDs []uuid.UUID
+	// OrphanJobs are the full names of the jobs soft-deleted because this
+	// worker (with the others of its batch) was their last one.
+	OrphanJobs []string
+	linkedJobs []uuid.UUID
 }
 
 // CleanupOutcome is everything one cleanup transaction changed.
@@ -57,18 +72,43 @@ type CleanupOutcome struct {
 // Empty reports whether the cleanup found nothing to do.
 func (o CleanupOutcome) Empty() bool { return len(o.Workers) == 0 }
 
-// CleanupWorkers removes the given workers in one set-based pass: requeues
-// (per job policy) or fails their claimed and running tasks, deletes their
-// providers, links and rows, soft-deletes the jobs left orphaned and writes one
-// audit row per worker. The statement count does not grow with len(ids).
-// Workers whose fence no longer holds are left alone.
+// CleanupWorkers removes the given workers (at most MaxCleanupBatch) in one
+// set-based pass: requeues (per job policy) or fails their claimed and running
+// tasks, deletes their providers, links and rows, soft-deletes the jobs left
+// orphaned and writes one audit row per worker. The statement count does not
+// grow with len(ids). Workers whose fence no longer holds are left alone.
 func (q *Q) CleanupWorkers(ids []uuid.UUID, f CleanupFence, lostError string, a CleanupAudit) (CleanupOutcome, error) {
-	var out CleanupOutcome
 	if len(ids) == 0 {
-		return out, nil
+		return CleanupOutcome{}, nil
 	}
-	where := []string{"w.id IN ?"}
-	args := []any{ids}
+	if len(ids) > MaxCleanupBatch {
+		return CleanupOutcome{}, fmt.Errorf("cleanup of %d workers: at most %d per batch", len(ids), MaxCleanupBatch)
+	}
+	return q.cleanup(ids, 0, f, lostError, a)
+}
+
+// CleanupMatching is CleanupWorkers for the first limit workers (at most
+// MaxCleanupBatch, oldest first) that satisfy the fence, found and locked by
+// the same statement. The fence must select by staleness or by node: it never
+// cleans every worker.
+func (q *Q) CleanupMatching(f CleanupFence, limit int, lostError string, a CleanupAudit) (CleanupOutcome, error) {
+	if f.StaleAfter <= 0 && f.NodeID == "" {
+		return CleanupOutcome{}, errors.New("cleanup matching: the fence selects every worker")
+	}
+	if limit <= 0 || limit > MaxCleanupBatch {
+		return CleanupOutcome{}, fmt.Errorf("cleanup matching: limit %d not in 1..%d", limit, MaxCleanupBatch)
+	}
+	return q.cleanup(nil, limit, f, lostError, a)
+}
+
+func (q *Q) cleanup(ids []uuid.UUID, limit int, f CleanupFence, lostError string, a CleanupAudit) (CleanupOutcome, error) {
+	var out CleanupOutcome
+	var where []string
+	var args []any
+	if ids != nil {
+		where = append(where, "w.id IN ?")
+		args = append(args, ids)
+	}
 	if f.StaleAfter > 0 {
 		expr, arg := q.before(f.StaleAfter)
 		where = append(where, "w.last_heartbeat < "+expr)
@@ -82,18 +122,22 @@ func (q *Q) CleanupWorkers(ids []uuid.UUID, f CleanupFence, lostError string, a 
 		where = append(where, "w.node_id = ? AND w.node_run IS NOT NULL AND w.node_run <> ?")
 		args = append(args, f.NodeID, f.NodeRun)
 	}
-	lock := ""
+	tail := " ORDER BY w.seq"
+	if limit > 0 {
+		tail += " LIMIT ?"
+		args = append(args, limit)
+	}
 	if q.d == Postgres {
-		lock = " FOR UPDATE OF w"
+		tail += " FOR UPDATE OF w"
 		if f.SkipLocked {
-			lock += " SKIP LOCKED"
+			tail += " SKIP LOCKED"
 		}
 	}
 	var locked []struct {
 		Worker
 		DBNow Time
 	}
-	err := q.g.Raw("SELECT "+workerCols+", "+q.now()+" AS db_now FROM workers w WHERE "+strings.Join(where, " AND ")+" ORDER BY w.seq"+lock, args...).Scan(&locked).Error
+	err := q.g.Raw("SELECT "+workerCols+", "+q.now()+" AS db_now FROM workers w WHERE "+strings.Join(where, " AND ")+tail, args...).Scan(&locked).Error
 	if err != nil {
 		return out, fmt.Errorf("lock workers for cleanup: %w", mapErr(err))
 	}
@@ -128,11 +172,15 @@ func (q *Q) CleanupWorkers(ids []uuid.UUID, f CleanupFence, lostError string, a 
 	}
 	taskIDs := make([]uuid.UUID, 0, len(requeued)+len(failed))
 	for _, r := range requeued {
-		byID[r.LostWorkerID].TasksRequeued++
+		w := byID[r.LostWorkerID]
+		w.TasksRequeued++
+		w.RequeuedTaskIDs = append(w.RequeuedTaskIDs, r.ID)
 		taskIDs = append(taskIDs, r.ID)
 	}
 	for _, r := range failed {
-		byID[r.LostWorkerID].TasksFailed++
+		w := byID[r.LostWorkerID]
+		w.TasksFailed++
+		w.FailedTaskIDs = append(w.FailedTaskIDs, r.ID)
 		taskIDs = append(taskIDs, r.ID)
 	}
 
@@ -166,6 +214,7 @@ func (q *Q) CleanupWorkers(ids []uuid.UUID, f CleanupFence, lostError string, a 
 	for _, l := range links {
 		w := byID[l.WorkerID]
 		w.LinkedJobRooms = appendUnique(w.LinkedJobRooms, l.RoomID)
+		w.linkedJobs = append(w.linkedJobs, l.JobID)
 		if !seenJob[l.JobID] {
 			seenJob[l.JobID] = true
 			jobIDs = append(jobIDs, l.JobID)
@@ -182,47 +231,98 @@ func (q *Q) CleanupWorkers(ids []uuid.UUID, f CleanupFence, lostError string, a 
 	if out.OrphanJobs, err = q.SoftDeleteOrphanJobs(jobIDs); err != nil {
 		return out, err
 	}
+	orphanName := make(map[uuid.UUID]string, len(out.OrphanJobs))
+	for _, j := range out.OrphanJobs {
+		orphanName[j.ID] = j.FullName()
+	}
+	for i := range out.Workers {
+		w := &out.Workers[i]
+		for _, j := range w.linkedJobs {
+			if n, ok := orphanName[j]; ok {
+				w.OrphanJobs = append(w.OrphanJobs, n)
+			}
+		}
+	}
 	if out.Tasks, err = q.GetTasks(taskIDs); err != nil {
 		return out, err
 	}
-	if err := q.insertCleanupEvents(out, f, a); err != nil {
+	if err := q.insertCleanupEvents(out, f, a, false); err != nil {
 		return out, err
 	}
 	return out, nil
 }
 
-func (q *Q) insertCleanupEvents(out CleanupOutcome, f CleanupFence, a CleanupAudit) error {
+// RecordShadowCleanup writes the audit rows of a cleanup that was planned
+// but not carried out (the sweep's blast-radius cap held it back), marked
+// shadow so they never count as a cleanup.
+func (q *Q) RecordShadowCleanup(out CleanupOutcome, f CleanupFence, a CleanupAudit) error {
+	return q.insertCleanupEvents(out, f, a, true)
+}
+
+// maxDetailTasks bounds the task ids one audit row lists.
+const maxDetailTasks = 100
+
+func (q *Q) insertCleanupEvents(out CleanupOutcome, f CleanupFence, a CleanupAudit, shadow bool) error {
+	if len(out.Workers) == 0 {
+		return nil
+	}
 	var threshold *int64
 	if f.StaleAfter > 0 {
 		ms := f.StaleAfter.Milliseconds()
 		threshold = &ms
 	}
-	orphans := make([]string, len(out.OrphanJobs))
-	for i, j := range out.OrphanJobs {
-		orphans[i] = j.FullName()
-	}
-	const cols = 12
-	var sb strings.Builder
-	args := make([]any, 0, cols*len(out.Workers))
-	sb.WriteString("INSERT INTO cleanup_events (id, sweep_id, path, worker_id, user_id, tasks_failed, tasks_requeued, providers, jobs_deleted, last_heartbeat, threshold_ms, detail, db_now, created_at) VALUES ")
-	for i, w := range out.Workers {
-		if i > 0 {
-			sb.WriteString(", ")
+	const perRow = 13
+	const rowsPerStmt = 500
+	for start := 0; start < len(out.Workers); start += rowsPerStmt {
+		chunk := out.Workers[start:min(start+rowsPerStmt, len(out.Workers))]
+		var sb strings.Builder
+		args := make([]any, 0, perRow*len(chunk))
+		sb.WriteString("INSERT INTO cleanup_events (id, sweep_id, path, worker_id, user_id, tasks_failed, tasks_requeued, providers, jobs_deleted, last_heartbeat, threshold_ms, detail, db_now, shadow, created_at) VALUES ")
+		for i, w := range chunk {
+			if i > 0 {
+				sb.WriteString(", ")
+			}
+			sb.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, " + q.now() + ")")
+			detail := map[string]any{
+				"session_epoch":  w.SessionEpoch,
+				"node_id":        w.NodeID,
+				"node_run":       w.NodeRun,
+				"orphan_jobs":    nonNil(w.OrphanJobs),
+				"failed_tasks":   capIDs(w.FailedTaskIDs),
+				"requeued_tasks": capIDs(w.RequeuedTaskIDs),
+			}
+			if f.Epoch != nil {
+				detail["fence_epoch"] = *f.Epoch
+			}
+			if f.NodeID != "" {
+				detail["fence_node_run"] = f.NodeRun
+			}
+			b, err := json.Marshal(detail)
+			if err != nil {
+				return fmt.Errorf("encode cleanup audit detail: %w", err)
+			}
+			args = append(args, uuid.New(), a.SweepID, a.Path, w.ID, w.UserID, w.TasksFailed, w.TasksRequeued, w.ProvidersGone,
+				len(w.OrphanJobs), w.LastHeartbeat, threshold, string(b), w.DBNow, shadow)
 		}
-		sb.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, " + q.now() + ", " + q.now() + ")")
-		detail, _ := json.Marshal(map[string]any{
-			"session_epoch": w.SessionEpoch,
-			"node_id":       w.NodeID,
-			"node_run":      w.NodeRun,
-			"orphan_jobs":   orphans,
-		})
-		args = append(args, uuid.New(), a.SweepID, a.Path, w.ID, w.UserID, w.TasksFailed, w.TasksRequeued, w.ProvidersGone,
-			len(out.OrphanJobs), w.LastHeartbeat, threshold, string(detail))
-	}
-	if err := q.g.Exec(sb.String(), args...).Error; err != nil {
-		return fmt.Errorf("write cleanup audit: %w", mapErr(err))
+		if err := q.g.Exec(sb.String(), args...).Error; err != nil {
+			return fmt.Errorf("write cleanup audit: %w", mapErr(err))
+		}
 	}
 	return nil
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
+
+func capIDs(ids []uuid.UUID) []uuid.UUID {
+	if ids == nil {
+		return []uuid.UUID{}
+	}
+	return ids[:min(len(ids), maxDetailTasks)]
 }
 
 func appendUnique(s []string, v string) []string {
@@ -246,6 +346,21 @@ func (q *Q) StaleWorkerIDs(timeout time.Duration, limit int) ([]uuid.UUID, error
 	return ids, nil
 }
 
+// CountWorkers counts all workers and those whose last heartbeat is older than
+// timeout by the database's clock, in one statement.
+func (q *Q) CountWorkers(timeout time.Duration) (stale, total int64, err error) {
+	expr, arg := q.before(timeout)
+	var row struct {
+		Stale int64
+		Total int64
+	}
+	err = q.g.Raw("SELECT COALESCE(SUM(CASE WHEN last_heartbeat < "+expr+" THEN 1 ELSE 0 END), 0) AS stale, count(*) AS total FROM workers", arg).Scan(&row).Error
+	if err != nil {
+		return 0, 0, fmt.Errorf("count workers: %w", mapErr(err))
+	}
+	return row.Stale, row.Total, nil
+}
+
 // FailStuckInternalTasks fails @internal tasks that have been claimed or
 // running for longer than timeout (measured from started_at, or created_at if
 // never started) and returns them.
@@ -259,4 +374,118 @@ func (q *Q) FailStuckInternalTasks(timeout time.Duration, lostError string) ([]T
 		return nil, fmt.Errorf("fail stuck internal tasks: %w", mapErr(err))
 	}
 	return q.GetTasks(ids)
+}
+
+// ReapRecord is the audit of a worker removed by a cleanup, as a later
+// request from its owner finds it.
+type ReapRecord struct {
+	WorkerID      uuid.UUID
+	Path          string
+	SweepID       *uuid.UUID
+	LastHeartbeat Time
+	DBNow         Time
+	HeardAt       Time
+}
+
+const reapCols = "worker_id, path, sweep_id, last_heartbeat, db_now, heard_at"
+
+// ReapedWorker finds the (non-shadow) audit row of a worker that a cleanup
+// other than a graceful delete removed and that belonged to userID.
+func (q *Q) ReapedWorker(workerID, userID uuid.UUID) (ReapRecord, bool, error) {
+	var rs []ReapRecord
+	err := q.g.Raw("SELECT "+reapCols+" FROM cleanup_events WHERE worker_id = ? AND user_id = ? AND shadow = ? AND path <> 'graceful' ORDER BY seq LIMIT 1",
+		workerID, userID, false).Scan(&rs).Error
+	if err != nil {
+		return ReapRecord{}, false, fmt.Errorf("read cleanup audit of worker: %w", mapErr(err))
+	}
+	if len(rs) == 0 {
+		return ReapRecord{}, false, nil
+	}
+	return rs[0], true, nil
+}
+
+// MarkWorkerHeard records that a worker a cleanup removed (other than by a
+// graceful delete) was heard from again by its owner: a false positive. It
+// reports true only the first time, so each reaped worker counts once.
+func (q *Q) MarkWorkerHeard(workerID, userID uuid.UUID, via string) (ReapRecord, bool, error) {
+	var rs []ReapRecord
+	err := q.g.Raw("UPDATE cleanup_events SET heard_at = "+q.now()+", heard_via = ? WHERE worker_id = ? AND user_id = ? AND shadow = ? AND path <> 'graceful' AND heard_at IS NULL RETURNING "+reapCols,
+		via, workerID, userID, false).Scan(&rs).Error
+	if err != nil {
+		return ReapRecord{}, false, fmt.Errorf("record false positive: %w", mapErr(err))
+	}
+	if len(rs) == 0 {
+		return ReapRecord{}, false, nil
+	}
+	return rs[0], true, nil
+}
+
+// PurgeAudit deletes up to limit cleanup_events and up to limit audit_log
+// rows older than retention by the database's clock and returns how many.
+func (q *Q) PurgeAudit(retention time.Duration, limit int) (int64, error) {
+	var n int64
+	for _, table := range []string{"cleanup_events", "audit_log"} {
+		expr, arg := q.before(retention)
+		res := q.g.Exec("DELETE FROM "+table+" WHERE seq IN (SELECT seq FROM "+table+" WHERE created_at < "+expr+" ORDER BY seq LIMIT ?)", arg, limit)
+		if res.Error != nil {
+			return n, fmt.Errorf("purge %s: %w", table, mapErr(res.Error))
+		}
+		n += res.RowsAffected
+	}
+	return n, nil
+}
+
+// CleanupEvent is one row of the cleanup audit trail.
+type CleanupEvent struct {
+	ID            uuid.UUID
+	Seq           int64
+	SweepID       *uuid.UUID
+	Path          string
+	WorkerID      uuid.UUID
+	UserID        *uuid.UUID
+	TasksFailed   int
+	TasksRequeued int
+	Providers     int
+	JobsDeleted   int
+	LastHeartbeat Time
+	DBNow         Time
+	ThresholdMs   *int64
+	Detail        string
+	Shadow        bool
+	HeardAt       Time
+	HeardVia      *string
+	CreatedAt     Time
+}
+
+// CleanupEventFilter selects audit rows; zero fields match everything.
+type CleanupEventFilter struct {
+	WorkerID *uuid.UUID
+	SweepID  *uuid.UUID
+	Path     string
+}
+
+// ListCleanupEvents returns audit rows, oldest first, at most limit.
+func (q *Q) ListCleanupEvents(f CleanupEventFilter, limit int) ([]CleanupEvent, error) {
+	where := []string{"1 = 1"}
+	var args []any
+	if f.WorkerID != nil {
+		where = append(where, "worker_id = ?")
+		args = append(args, *f.WorkerID)
+	}
+	if f.SweepID != nil {
+		where = append(where, "sweep_id = ?")
+		args = append(args, *f.SweepID)
+	}
+	if f.Path != "" {
+		where = append(where, "path = ?")
+		args = append(args, f.Path)
+	}
+	args = append(args, limit)
+	var es []CleanupEvent
+	err := q.g.Raw("SELECT id, seq, sweep_id, path, worker_id, user_id, tasks_failed, tasks_requeued, providers, jobs_deleted, last_heartbeat, db_now, threshold_ms, detail, shadow, heard_at, heard_via, created_at"+
+		" FROM cleanup_events WHERE "+strings.Join(where, " AND ")+" ORDER BY seq LIMIT ?", args...).Scan(&es).Error
+	if err != nil {
+		return nil, fmt.Errorf("list cleanup events: %w", mapErr(err))
+	}
+	return es, nil
 }

@@ -7,9 +7,11 @@ import (
 	"log/slog"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/glebarez/sqlite"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -46,7 +48,21 @@ type OpenOptions struct {
 	// connection: it has a single writer, and one connection keeps every
 	// transaction strictly serialised without busy retries.
 	MaxConns int32
+	// Statements, when set, is incremented for every statement sent to
+	// PostgreSQL (BEGIN and COMMIT included): benchmarks report it. Not
+	// counted on SQLite.
+	Statements *atomic.Int64
 }
+
+// statementCounter is a pgx tracer that counts statements.
+type statementCounter struct{ n *atomic.Int64 }
+
+func (c statementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+
+func (statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
 // Open connects to the database named by rawURL: a postgres:// or postgresql://
 // URL selects PostgreSQL; anything else is a SQLite file path, optionally
@@ -71,6 +87,9 @@ func Open(ctx context.Context, rawURL string, opts OpenOptions) (*DB, error) {
 			return nil, fmt.Errorf("parse database url: %w", err)
 		}
 		pcfg.MaxConns = 20
+		if opts.Statements != nil {
+			pcfg.ConnConfig.Tracer = statementCounter{opts.Statements}
+		}
 		if opts.MaxConns > 0 {
 			pcfg.MaxConns = opts.MaxConns
 		}

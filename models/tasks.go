@@ -40,24 +40,34 @@ func (q *Q) GetTasks(ids []uuid.UUID) ([]Task, error) {
 	if len(ids) == 0 {
 		return nil, nil
 	}
+	// Chunked: a cleanup can return more tasks than one statement may bind.
+	const chunk = 5000
 	var ts []Task
-	if err := q.g.Raw(taskSelect+"WHERE t.id IN ? ORDER BY t.seq", ids).Scan(&ts).Error; err != nil {
-		return nil, fmt.Errorf("read tasks: %w", mapErr(err))
+	for start := 0; start < len(ids); start += chunk {
+		var part []Task
+		if err := q.g.Raw(taskSelect+"WHERE t.id IN ? ORDER BY t.seq", ids[start:min(start+chunk, len(ids))]).Scan(&part).Error; err != nil {
+			return nil, fmt.Errorf("read tasks: %w", mapErr(err))
+		}
+		ts = append(ts, part...)
 	}
 	return ts, nil
 }
 
 // TaskFilter selects tasks for a listing.
 type TaskFilter struct {
-	RoomID string     // required: the room the tasks were submitted to
+	RoomID string     // the room the tasks were submitted to; empty: every room (operators)
 	JobID  *uuid.UUID // optional
 	Status string     // optional
 }
 
 // ListTasks pages through tasks, newest first.
 func (q *Q) ListTasks(f TaskFilter, p Page) ([]Task, int64, error) {
-	where := []string{"t.room_id = ?"}
-	args := []any{f.RoomID}
+	where := []string{"1 = 1"}
+	var args []any
+	if f.RoomID != "" {
+		where = append(where, "t.room_id = ?")
+		args = append(args, f.RoomID)
+	}
 	if f.JobID != nil {
 		where = append(where, "t.job_id = ?")
 		args = append(args, *f.JobID)
@@ -135,4 +145,65 @@ func (q *Q) TransitionTask(id uuid.UUID, from, to string, workerID *uuid.UUID, e
 		return false, fmt.Errorf("update task status: %w", mapErr(res.Error))
 	}
 	return res.RowsAffected == 1, nil
+}
+
+// RetryTask puts a failed task back to pending (operator retry): its worker,
+// timestamps of the failed attempt and error are cleared, its attempt count
+// is kept. ok is false when the task is not failed (any more).
+func (q *Q) RetryTask(id uuid.UUID) (bool, error) {
+	res := q.g.Exec("UPDATE tasks SET status = 'pending', worker_id = NULL, claimed_at = NULL, started_at = NULL, completed_at = NULL, error = NULL, updated_at = "+q.now()+
+		" WHERE id = ? AND status = 'failed'", id)
+	if res.Error != nil {
+		return false, fmt.Errorf("retry task: %w", mapErr(res.Error))
+	}
+	return res.RowsAffected == 1, nil
+}
+
+// CountTasksByStatus counts tasks per status.
+func (q *Q) CountTasksByStatus() (map[string]int64, error) {
+	var rows []struct {
+		Status string
+		N      int64
+	}
+	if err := q.g.Raw("SELECT status, count(*) AS n FROM tasks GROUP BY status").Scan(&rows).Error; err != nil {
+		return nil, fmt.Errorf("count tasks by status: %w", mapErr(err))
+	}
+	out := make(map[string]int64, len(rows))
+	for _, r := range rows {
+		out[r.Status] = r.N
+	}
+	return out, nil
+}
+
+// InsertAudit appends an operator action to the audit log.
+func (q *Q) InsertAudit(action string, subject *uuid.UUID, actor, detail string) error {
+	if detail == "" {
+		detail = "{}"
+	}
+	err := q.g.Exec("INSERT INTO audit_log (id, action, subject_id, actor, detail, created_at) VALUES (?, ?, ?, ?, ?, "+q.now()+")",
+		uuid.New(), action, subject, actor, detail).Error
+	if err != nil {
+		return fmt.Errorf("write audit log: %w", mapErr(err))
+	}
+	return nil
+}
+
+// AuditEntry is one operator action.
+type AuditEntry struct {
+	ID        uuid.UUID
+	Action    string
+	SubjectID *uuid.UUID
+	Actor     string
+	Detail    string
+	CreatedAt Time
+}
+
+// ListAudit returns the audit log entries about a subject, oldest first.
+func (q *Q) ListAudit(subject uuid.UUID) ([]AuditEntry, error) {
+	var es []AuditEntry
+	err := q.g.Raw("SELECT id, action, subject_id, actor, detail, created_at FROM audit_log WHERE subject_id = ? ORDER BY seq", subject).Scan(&es).Error
+	if err != nil {
+		return nil, fmt.Errorf("read audit log: %w", mapErr(err))
+	}
+	return es, nil
 }

@@ -2,6 +2,7 @@ package models
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/google/uuid"
 )
@@ -133,4 +134,27 @@ func (q *Q) BindWorker(id uuid.UUID, nodeID, nodeRun string) (int64, error) {
 // UnbindWorker clears a worker's socket binding if it still has this epoch.
 func (q *Q) UnbindWorker(id uuid.UUID, epoch int64) error {
 	return mapErr(q.g.Exec("UPDATE workers SET node_id = NULL, node_run = NULL, bound_at = NULL WHERE id = ? AND session_epoch = ?", id, epoch).Error)
+}
+
+// SetHeartbeatAge moves the workers' last heartbeat to the database's now
+// minus age. Tests and benchmarks use it to make workers stale without
+// touching any clock; the server never calls it.
+func (q *Q) SetHeartbeatAge(ids []uuid.UUID, age time.Duration) error {
+	expr, arg := q.before(age)
+	for start := 0; start < len(ids); start += MaxCleanupBatch {
+		part := ids[start:min(start+MaxCleanupBatch, len(ids))]
+		if err := q.g.Exec("UPDATE workers SET last_heartbeat = "+expr+" WHERE id IN ?", arg, part).Error; err != nil {
+			return fmt.Errorf("set heartbeat age: %w", mapErr(err))
+		}
+	}
+	return nil
+}
+
+// DBNow reads the database's clock.
+func (q *Q) DBNow() (Time, error) {
+	var t Time
+	if err := q.g.Raw("SELECT " + q.now()).Row().Scan(&t); err != nil {
+		return Time{}, fmt.Errorf("read database clock: %w", mapErr(err))
+	}
+	return t, nil
 }

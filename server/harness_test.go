@@ -104,7 +104,7 @@ func setupNoUsers(t testing.TB, db *models.DB, opts ...func(*setupOpts)) *env {
 	api := server.New(svc, cfg, nil)
 	var rt *server.Realtime
 	if o.realtime != nil {
-		rt = api.NewRealtime(*o.realtime, joblib.Node{ID: "test-node", Run: "run-1"}, nil)
+		rt = api.NewRealtime(*o.realtime, nil)
 		api.Handle("/socket.io/", rt)
 		rt.Start()
 	}

@@ -86,13 +86,13 @@ type connState struct {
 
 // NewRealtime builds the Socket.IO endpoint; mount it with Server.Handle at
 // "/socket.io/" and call Start.
-func (s *Server) NewRealtime(cfg RealtimeConfig, node joblib.Node, log *slog.Logger) *Realtime {
+func (s *Server) NewRealtime(cfg RealtimeConfig, log *slog.Logger) *Realtime {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	rt := &Realtime{
-		svc: s.svc, auth: s.auth, publicReads: s.cfg.PublicReads, cfg: cfg, node: node, log: log,
+		svc: s.svc, auth: s.auth, publicReads: s.cfg.PublicReads, cfg: cfg, log: log,
 		bound: map[uuid.UUID]*sio.Socket{}, graces: map[uuid.UUID]*time.Timer{},
 		stop: make(chan struct{}), ctx: ctx, cancel: cancel,
 	}
@@ -297,7 +297,7 @@ func (rt *Realtime) joinAsWorker(ctx context.Context, s *sio.Socket, st *connSta
 	_, already := st.workers[wid]
 	st.mu.Unlock()
 	if !already {
-		epoch, err := rt.svc.BindWorker(ctx, st.p, wid, rt.node)
+		epoch, err := rt.svc.BindOwnedWorker(ctx, st.p, wid)
 		if err != nil {
 			return errAck(err)
 		}

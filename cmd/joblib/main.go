@@ -3,6 +3,11 @@
 //	joblib serve                       run the coordinator (default)
 //	joblib migrate                     apply database migrations and exit
 //	joblib token create --user NAME    print a new API token for NAME
+//	joblib sweep [--fix] [--json] [--threshold 90s]
+//	                                   show (or, with --fix, clean) stale workers
+//	joblib workers list [--json]       list workers with their heartbeat age
+//	joblib tasks list [--status S] [--room R] [--json]
+//	joblib tasks retry ID              put a failed task back to pending (audited)
 package main
 
 import (
@@ -37,6 +42,13 @@ commands:
   migrate                            apply database migrations and exit
   token create --user NAME [--superuser]
                                      create an API token (and the user if new)
+  sweep [--fix] [--json] [--threshold 90s]
+                                     dry run by default: print the stale workers a
+                                     sweep would clean and why; --fix cleans them
+  workers list [--json] [--limit N]  list workers, heartbeat age and socket binding
+  tasks list [--status S] [--room R] [--limit N] [--json]
+                                     list tasks, newest first
+  tasks retry ID [--actor NAME]      put a failed task back to pending (audited)
 
 Configuration comes from JOBLIB_* environment variables; see README.md.
 `
@@ -51,7 +63,7 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil
-	case "serve", "migrate", "token":
+	case "serve", "migrate", "token", "sweep", "workers", "tasks":
 	default:
 		fmt.Fprint(stderr, usage)
 		return fmt.Errorf("unknown command %q", cmd)
@@ -81,6 +93,12 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 		return nil
 	case "token":
 		return tokenCmd(ctx, cfg, log, args, stdout, stderr)
+	case "sweep":
+		return sweepCmd(ctx, cfg, log, args, stdout, stderr)
+	case "workers":
+		return workersCmd(ctx, cfg, log, args, stdout, stderr)
+	case "tasks":
+		return tasksCmd(ctx, cfg, log, args, environ, stdout, stderr)
 	}
 	return nil
 }

@@ -8,12 +8,13 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"time"
 
-	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/zndraw/joblib/events"
 	"github.com/zndraw/joblib/joblib"
+	"github.com/zndraw/joblib/models"
 	"github.com/zndraw/joblib/server"
 )
 
@@ -26,7 +27,10 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	}
 	defer db.Close()
 
-	node := joblib.Node{ID: nodeID(), Run: uuid.NewString()}
+	node, err := joblib.NewNode(cfg.Settings.NodeID)
+	if err != nil {
+		return err
+	}
 	var bus events.Bus = events.NewLocalBus()
 	if db.Pool != nil {
 		// PostgreSQL: several nodes may share the database; events reach
@@ -38,7 +42,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 		defer pb.Stop()
 		bus = pb
 	}
-	svc := joblib.New(joblib.Config{DB: db, Bus: bus, Logger: log.With("component", "joblib"), Settings: cfg.Settings})
+	svc := joblib.New(joblib.Config{DB: db, Bus: bus, Logger: log.With("component", "joblib"), Settings: cfg.Settings, Node: node})
 	defer svc.Close()
 
 	if err := bootstrapAuth(ctx, cfg, svc, log, stdout); err != nil {
@@ -58,10 +62,30 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 		return err
 	}
 
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics, err := server.NewMetrics(reg, svc)
+	if err != nil {
+		return err
+	}
+	stopRecovery, err := recoverNode(ctx, db, svc, cfg.Realtime.DisconnectGrace, log)
+	if err != nil {
+		return err
+	}
+	defer stopRecovery()
+	sweeper := joblib.NewSweeper(svc, joblib.SweeperConfig{Logger: log})
+	metrics.ObserveSweeper(sweeper)
+	if err := sweeper.Start(ctx); err != nil {
+		return fmt.Errorf("start sweeper: %w", err)
+	}
+	defer sweeper.Stop()
+
 	srv := server.New(svc, cfg.Server, log.With("component", "http"))
-	rt := srv.NewRealtime(cfg.Realtime, node, log.With("component", "socketio"))
+	rt := srv.NewRealtime(cfg.Realtime, log.With("component", "socketio"))
 	srv.Handle("/socket.io/", rt)
 	rt.Start()
+	reg.MustRegister(server.SocketCollector(rt))
+	srv.Handle("GET /metrics", server.MetricsHandler(reg))
 	ln, err := net.Listen("tcp", cfg.Server.ListenAddr)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.Server.ListenAddr, err)
@@ -98,15 +122,6 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	return nil
 }
 
-// nodeID names this node for socket bindings: stable across restarts.
-func nodeID() string {
-	h, err := os.Hostname()
-	if err != nil || h == "" {
-		return "joblib"
-	}
-	return h
-}
-
 // bootstrapAuth makes sure somebody can log in: the configured admin token,
 // or, on an empty database without one, a freshly issued admin token printed
 // once.
@@ -125,4 +140,53 @@ func bootstrapAuth(ctx context.Context, cfg Config, svc *joblib.Service, log *sl
 	fmt.Fprintf(stdout, "No users yet: created superuser \"admin\" with this API token (shown once):\n%s\n", tok)
 	log.Info("created initial admin token; it was printed to stdout")
 	return nil
+}
+
+// recoverNode is startup recovery: it cleans the workers whose sockets a
+// previous run of this node held. It waits one disconnect grace window
+// first, so that workers whose sockets reconnect to this run (a restart or a
+// deploy is a socket blip to them) re-attach and keep their claims, exactly
+// as after a dropped connection. The node lock (held for the process's life)
+// makes sure no other running process uses the same node id; when it is
+// taken (a second process with this JOBLIB_NODE_ID, or the session of a
+// crashed host the database has not noticed yet), recovery is skipped, which
+// is safe: the sweeper still judges those workers by their heartbeat. The
+// returned function stops a pending recovery and releases the lock.
+func recoverNode(ctx context.Context, db *models.DB, svc *joblib.Service, grace time.Duration, log *slog.Logger) (stop func(), err error) {
+	node := svc.Node()
+	lock := db.NewSessionLock("node:" + node.ID)
+	held, err := lock.Hold(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("lock node id %q: %w", node.ID, err)
+	}
+	if !held {
+		log.Error("another running process holds this node id; startup recovery skipped (give each process its own JOBLIB_NODE_ID)",
+			"node", node.ID, "run", node.Run)
+		return func() {}, nil
+	}
+	log.Info("node started", "node", node.ID, "run", node.Run, "recovery_in", grace)
+	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		select {
+		case <-rctx.Done():
+			return
+		case <-time.After(grace):
+		}
+		res, err := svc.RecoverNode(rctx)
+		if err != nil {
+			if rctx.Err() == nil {
+				log.Error("startup recovery", "node", node.ID, "err", err)
+			}
+			return
+		}
+		log.Info("startup recovery done", "node", node.ID, "run", node.Run, "recovered_workers", res.Cleaned,
+			"tasks_failed", res.TasksFailed, "tasks_requeued", res.TasksRequeued)
+	}()
+	return func() {
+		cancel()
+		<-done
+		lock.Release()
+	}, nil
 }

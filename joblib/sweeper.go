@@ -1,0 +1,293 @@
+package joblib
+
+import (
+	"context"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/zndraw/joblib/internal/startstop"
+	"github.com/zndraw/joblib/models"
+)
+
+// Leader is the lock that makes one node the sweeper. models.SessionLock
+// implements it (a PostgreSQL advisory lock; always held on SQLite).
+type Leader interface {
+	// Hold takes the lock if free, or checks it is still held, and reports
+	// whether this process holds it. An error means the database could not
+	// be asked; the lock is then lost.
+	Hold(ctx context.Context) (bool, error)
+	// Release gives the lock up.
+	Release()
+}
+
+// SweeperConfig tunes a Sweeper. The zero value is fine.
+type SweeperConfig struct {
+	// Logger receives the sweeper's logs. Default: the service's.
+	Logger *slog.Logger
+	// Leader elects the sweeping node. Default: the database session lock
+	// "sweeper".
+	Leader Leader
+	// Now is the clock that times the guards (durations only, never compared
+	// with database timestamps). Default: time.Now.
+	Now func() time.Time
+	// Probe is how often leadership and database health are checked between
+	// sweeps. Default: the sweep interval, at most 1s.
+	Probe time.Duration
+	// Jitter bounds the random delay before the first run. Default 1s
+	// (capped at the sweep interval); negative means none.
+	Jitter time.Duration
+}
+
+// Sweep outcomes, as SweepEvent.Outcome and the metrics label.
+const (
+	SweepActed    = "acted"    // stale workers were cleaned
+	SweepIdle     = "idle"     // nothing was stale
+	SweepHeld     = "held"     // the outage guard held the sweep back
+	SweepCapped   = "capped"   // the blast-radius cap held the sweep back
+	SweepFollower = "follower" // another node is the sweeper
+	SweepError    = "error"    // the sweep failed; it runs again next interval
+)
+
+// SweepOutcomes lists every outcome.
+var SweepOutcomes = []string{SweepActed, SweepIdle, SweepHeld, SweepCapped, SweepFollower, SweepError}
+
+// SweepEvent reports one sweep interval of a Sweeper.
+type SweepEvent struct {
+	Outcome string
+	// Report is the sweep's report (acted, idle, capped, error).
+	Report SweepReport
+	Err    error
+}
+
+// Sweeper is the background service that cleans stale workers: a worker
+// whose last heartbeat is older than Settings.WorkerTimeout by the
+// database's clock is cleaned with path sweeper, every
+// Settings.SweeperInterval, on the one node that holds the leader lock. It
+// also fails @internal tasks stuck past Settings.InternalTaskTimeout and
+// deletes audit rows past Settings.AuditRetention.
+//
+// Guards: no destructive sweep until this node has led, and the database
+// has answered without error, for one full worker timeout — after a start,
+// a failover or a database outage, workers get a full timeout to heartbeat
+// again before anyone is judged. Above Settings.SweepMaxFraction the sweep
+// records its plan as shadow audit rows and alerts instead of acting.
+//
+// Errors are logged and the loop goes on; Stop ends it.
+type Sweeper struct {
+	startstop.Base
+	svc   *Service
+	log   *slog.Logger
+	cfg   SweeperConfig
+	lead  Leader
+	isLed atomic.Bool
+
+	mu  sync.Mutex
+	obs []func(SweepEvent)
+
+	// Loop state, touched only by the loop goroutine.
+	leaderSince  time.Time
+	healthy      bool
+	healthySince time.Time
+	nextSweep    time.Time
+	capped       bool
+	heldLogged   bool
+	lastPurge    time.Time
+}
+
+// NewSweeper builds a sweeper over a service. Start runs it.
+func NewSweeper(svc *Service, cfg SweeperConfig) *Sweeper {
+	if cfg.Logger == nil {
+		cfg.Logger = svc.log
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Leader == nil {
+		cfg.Leader = svc.db.NewSessionLock("sweeper")
+	}
+	if cfg.Jitter == 0 {
+		cfg.Jitter = time.Second
+	}
+	return &Sweeper{svc: svc, log: cfg.Logger.With("component", "sweeper"), cfg: cfg, lead: cfg.Leader}
+}
+
+// OnSweep registers an observer of every sweep interval (metrics). It runs
+// on the sweeper's goroutine and must not block.
+func (sw *Sweeper) OnSweep(fn func(SweepEvent)) {
+	sw.mu.Lock()
+	defer sw.mu.Unlock()
+	sw.obs = append(sw.obs, fn)
+}
+
+// Leading reports whether this node is the sweeper now.
+func (sw *Sweeper) Leading() bool { return sw.isLed.Load() }
+
+// Start runs the sweeper in the background until Stop is called.
+func (sw *Sweeper) Start(ctx context.Context) error {
+	sctx, ok := sw.StartInit(ctx)
+	if !ok {
+		return nil
+	}
+	sw.Go(func() { sw.loop(sctx) })
+	return nil
+}
+
+func (sw *Sweeper) loop(ctx context.Context) {
+	defer func() {
+		sw.lead.Release()
+		sw.isLed.Store(false)
+	}()
+	sw.healthy, sw.healthySince = true, sw.cfg.Now()
+	interval := sw.svc.Settings().SweeperInterval
+	var first time.Duration
+	if j := min(sw.cfg.Jitter, interval); j > 0 {
+		first = rand.N(j)
+	}
+	timer := time.NewTimer(first)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		}
+		sw.tick(ctx)
+		timer.Reset(sw.probe())
+	}
+}
+
+func (sw *Sweeper) probe() time.Duration {
+	if sw.cfg.Probe > 0 {
+		return sw.cfg.Probe
+	}
+	return min(sw.svc.Settings().SweeperInterval, time.Second)
+}
+
+// tick checks leadership and health and sweeps when the interval is due.
+func (sw *Sweeper) tick(ctx context.Context) {
+	st := sw.svc.Settings()
+	now := sw.cfg.Now()
+	due := !now.Before(sw.nextSweep)
+
+	hctx, cancel := context.WithTimeout(ctx, min(max(sw.probe(), time.Second), 5*time.Second))
+	held, err := sw.lead.Hold(hctx)
+	if err == nil && sw.svc.db.Dialect() != models.Postgres {
+		// The lock did not touch the database; probe it.
+		err = sw.svc.db.Ping(hctx)
+	}
+	cancel()
+	if err != nil {
+		if ctx.Err() != nil {
+			return
+		}
+		sw.unhealthy(err)
+		sw.setLeader(false, now)
+		if due {
+			sw.nextSweep = now.Add(st.SweeperInterval)
+			sw.emit(SweepEvent{Outcome: SweepError, Err: err})
+		}
+		return
+	}
+	sw.healthyAt(now)
+	sw.setLeader(held, now)
+	if !due {
+		return
+	}
+	sw.nextSweep = now.Add(st.SweeperInterval)
+	if !held {
+		sw.emit(SweepEvent{Outcome: SweepFollower})
+		return
+	}
+	if wait := sw.guard(now, st.WorkerTimeout); wait > 0 {
+		if !sw.heldLogged {
+			sw.log.Info("sweep held until the database and leadership have been steady for one worker timeout",
+				"timeout", st.WorkerTimeout, "remaining", wait)
+			sw.heldLogged = true
+		}
+		sw.emit(SweepEvent{Outcome: SweepHeld})
+		return
+	}
+	sw.heldLogged = false
+
+	rep, err := sw.svc.Sweep(ctx, SweepParams{Path: PathSweeper, Cap: true, RecordShadow: !sw.capped})
+	if err != nil {
+		if ctx.Err() != nil {
+			return
+		}
+		sw.unhealthy(err)
+		sw.log.Error("sweep failed; retrying next interval", "err", err, "cleaned", rep.Result.Cleaned)
+		sw.emit(SweepEvent{Outcome: SweepError, Report: rep, Err: err})
+		return
+	}
+	sw.capped = rep.Capped
+	switch {
+	case rep.Capped:
+		sw.log.Error("sweep capped: too many workers are stale at once; acting on none (joblib sweep --fix acts)",
+			"stale", rep.StaleWorkers, "total", rep.TotalWorkers, "max_fraction", st.SweepMaxFraction, "sweep_id", rep.SweepID)
+		sw.emit(SweepEvent{Outcome: SweepCapped, Report: rep})
+	case rep.Result.Cleaned > 0 || len(rep.StuckInternal) > 0:
+		sw.emit(SweepEvent{Outcome: SweepActed, Report: rep})
+	default:
+		sw.emit(SweepEvent{Outcome: SweepIdle, Report: rep})
+	}
+	if st.AuditRetention > 0 && now.Sub(sw.lastPurge) >= min(time.Hour, st.AuditRetention) {
+		n, err := sw.svc.PurgeAudit(ctx)
+		if err != nil && ctx.Err() == nil {
+			sw.log.Error("purge audit trail", "err", err)
+		} else if err == nil {
+			sw.lastPurge = now
+			if n > 0 {
+				sw.log.Info("audit trail purged", "rows", n, "retention", st.AuditRetention)
+			}
+		}
+	}
+}
+
+// guard returns how long destructive sweeps must still wait: until this
+// node has led, and the database has been healthy, for one worker timeout.
+func (sw *Sweeper) guard(now time.Time, timeout time.Duration) time.Duration {
+	since := sw.leaderSince
+	if sw.healthySince.After(since) {
+		since = sw.healthySince
+	}
+	return since.Add(timeout).Sub(now)
+}
+
+func (sw *Sweeper) unhealthy(err error) {
+	if sw.healthy {
+		sw.log.Warn("database check failed; destructive sweeps wait for one worker timeout of health", "err", err)
+	}
+	sw.healthy = false
+}
+
+// healthyAt records a successful database check.
+func (sw *Sweeper) healthyAt(now time.Time) {
+	if !sw.healthy {
+		sw.healthy = true
+		sw.healthySince = now
+		sw.log.Info("database reachable again")
+	}
+}
+
+func (sw *Sweeper) setLeader(held bool, now time.Time) {
+	was := sw.isLed.Swap(held)
+	switch {
+	case held && !was:
+		sw.leaderSince = now
+		sw.log.Info("this node is the sweeper", "node", sw.svc.node.ID)
+	case !held && was:
+		sw.log.Warn("this node is no longer the sweeper", "node", sw.svc.node.ID)
+	}
+}
+
+func (sw *Sweeper) emit(e SweepEvent) {
+	sw.mu.Lock()
+	obs := sw.obs
+	sw.mu.Unlock()
+	for _, o := range obs {
+		o(e)
+	}
+}

@@ -1,0 +1,156 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/zndraw/joblib/joblib"
+	"github.com/zndraw/joblib/models"
+)
+
+// Metrics are joblib's Prometheus metrics. All label values are bounded
+// (cleanup paths, sweep outcomes, task statuses).
+type Metrics struct {
+	// WorkersCleaned counts removed workers by cleanup path.
+	WorkersCleaned *prometheus.CounterVec
+	// DetectionLatency observes, per cleaned worker, the database time of the
+	// cleanup minus its last heartbeat, by path.
+	DetectionLatency *prometheus.HistogramVec
+	// FalsePositives counts reaped workers heard from again, by the path
+	// that reaped them.
+	FalsePositives *prometheus.CounterVec
+	// Sweeps counts sweeper intervals by outcome.
+	Sweeps *prometheus.CounterVec
+	// SweepDuration observes the duration of sweeps that ran.
+	SweepDuration prometheus.Histogram
+	// SweeperLeader is 1 while this node is the sweeper.
+	SweeperLeader prometheus.Gauge
+}
+
+// NewMetrics creates the metrics, registers them (and a collector that
+// counts live workers and tasks by status from the database at scrape time)
+// with reg, and observes svc's cleanups and false positives.
+func NewMetrics(reg prometheus.Registerer, svc *joblib.Service) (*Metrics, error) {
+	m := &Metrics{
+		WorkersCleaned: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "joblib_workers_cleaned_total", Help: "Workers removed by a cleanup, by path (graceful, disconnect, sweeper, startup, operator).",
+		}, []string{"path"}),
+		DetectionLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "joblib_worker_detection_latency_seconds",
+			Help:    "Database time of a worker's cleanup minus its last heartbeat, by path.",
+			Buckets: []float64{0.1, 0.5, 1, 2, 5, 10, 30, 60, 90, 120, 300, 600, 3600},
+		}, []string{"path"}),
+		FalsePositives: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "joblib_false_positives_total", Help: "Reaped workers heard from again (late heartbeat or status update), by the path that reaped them.",
+		}, []string{"path"}),
+		Sweeps: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "joblib_sweeps_total", Help: "Sweeper intervals by outcome (acted, idle, held, capped, follower, error).",
+		}, []string{"outcome"}),
+		SweepDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "joblib_sweep_duration_seconds", Help: "Duration of sweeps that ran.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
+		}),
+		SweeperLeader: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "joblib_sweeper_leader", Help: "1 while this node is the sweeper.",
+		}),
+	}
+	for _, p := range joblib.Paths {
+		m.WorkersCleaned.WithLabelValues(p)
+		m.FalsePositives.WithLabelValues(p)
+	}
+	for _, o := range joblib.SweepOutcomes {
+		m.Sweeps.WithLabelValues(o)
+	}
+	for _, c := range []prometheus.Collector{m.WorkersCleaned, m.DetectionLatency, m.FalsePositives, m.Sweeps,
+		m.SweepDuration, m.SweeperLeader, newStateCollector(svc.DB())} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("register metrics: %w", err)
+		}
+	}
+	svc.OnCleanup(func(path string, r joblib.CleanupResult) {
+		m.WorkersCleaned.WithLabelValues(path).Add(float64(r.Cleaned))
+		h := m.DetectionLatency.WithLabelValues(path)
+		for _, w := range r.Workers {
+			h.Observe(max(w.DBNow.Sub(w.LastHeartbeat.Time), 0).Seconds())
+		}
+	})
+	svc.OnFalsePositive(func(fp joblib.FalsePositive) {
+		m.FalsePositives.WithLabelValues(fp.Path).Inc()
+	})
+	return m, nil
+}
+
+// ObserveSweeper counts a sweeper's intervals and tracks its leadership.
+func (m *Metrics) ObserveSweeper(sw *joblib.Sweeper) {
+	sw.OnSweep(func(e joblib.SweepEvent) {
+		m.Sweeps.WithLabelValues(e.Outcome).Inc()
+		switch e.Outcome {
+		case joblib.SweepActed, joblib.SweepIdle, joblib.SweepCapped:
+			m.SweepDuration.Observe(e.Report.Took.Seconds())
+		}
+		if sw.Leading() {
+			m.SweeperLeader.Set(1)
+		} else {
+			m.SweeperLeader.Set(0)
+		}
+	})
+}
+
+// MetricsHandler serves g in the Prometheus exposition format; mount it
+// with Server.Handle("GET /metrics", ...).
+func MetricsHandler(g prometheus.Gatherer) http.Handler {
+	return promhttp.HandlerFor(g, promhttp.HandlerOpts{})
+}
+
+// stateCollector reads live workers and tasks by status at scrape time.
+type stateCollector struct {
+	db      *models.DB
+	workers *prometheus.Desc
+	tasks   *prometheus.Desc
+}
+
+func newStateCollector(db *models.DB) *stateCollector {
+	return &stateCollector{
+		db:      db,
+		workers: prometheus.NewDesc("joblib_workers", "Registered (live) workers.", nil, nil),
+		tasks:   prometheus.NewDesc("joblib_tasks", "Tasks by status.", []string{"status"}, nil),
+	}
+}
+
+func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.workers
+	ch <- c.tasks
+}
+
+func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	q := c.db.Q(ctx)
+	_, total, err := q.CountWorkers(time.Hour)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(c.workers, err)
+	} else {
+		ch <- prometheus.MustNewConstMetric(c.workers, prometheus.GaugeValue, float64(total))
+	}
+	counts, err := q.CountTasksByStatus()
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(c.tasks, err)
+		return
+	}
+	for _, st := range []string{models.StatusPending, models.StatusClaimed, models.StatusRunning,
+		models.StatusCompleted, models.StatusFailed, models.StatusCancelled} {
+		ch <- prometheus.MustNewConstMetric(c.tasks, prometheus.GaugeValue, float64(counts[st]), st)
+	}
+}
+
+// SocketCollector reports the open Socket.IO connections of rt, read at
+// scrape time.
+func SocketCollector(rt *Realtime) prometheus.Collector {
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "joblib_socket_connections", Help: "Open Socket.IO connections on this node.",
+	}, func() float64 { return float64(rt.io.NumSockets()) })
+}
