@@ -80,3 +80,20 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(v)
 }
+
+// answer writes v with status, or the problem for err.
+func (s *Server) answer(w http.ResponseWriter, r *http.Request, status int, v any, err error) {
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, status, v)
+}
+
+// createdOrOK is 201 for a registration that created its row, else 200.
+func createdOrOK(created bool) int {
+	if created {
+		return http.StatusCreated
+	}
+	return http.StatusOK
+}

@@ -59,15 +59,7 @@ func (s *Server) registerProvider(w http.ResponseWriter, r *http.Request) {
 	prov, created, err := s.svc.RegisterProvider(r.Context(), p, room, joblib.RegisterProviderParams{
 		Category: *b.Category, Name: *b.Name, Schema: schema, ContentType: contentType, WorkerID: b.WorkerID,
 	})
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	status := http.StatusOK
-	if created {
-		status = http.StatusCreated
-	}
-	writeJSON(w, status, prov)
+	s.answer(w, r, createdOrOK(created), prov, err)
 }
 
 func (s *Server) listProviders(w http.ResponseWriter, r *http.Request) {
@@ -76,11 +68,7 @@ func (s *Server) listProviders(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out, err := s.svc.ListProviders(r.Context(), r.PathValue("room"), pg)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, out)
+	s.answer(w, r, http.StatusOK, out, err)
 }
 
 // providerInfoOrRead serves /providers/{full_name}/info (metadata, a read
@@ -91,11 +79,7 @@ func (s *Server) providerInfoOrRead(w http.ResponseWriter, r *http.Request) {
 	if name, ok := strings.CutSuffix(r.PathValue("name"), "/info"); ok {
 		s.read(func(w http.ResponseWriter, r *http.Request) {
 			out, err := s.svc.ProviderInfo(r.Context(), r.PathValue("room"), name)
-			if err != nil {
-				s.fail(w, r, err)
-				return
-			}
-			writeJSON(w, http.StatusOK, out)
+			s.answer(w, r, http.StatusOK, out, err)
 		})(w, r)
 		return
 	}

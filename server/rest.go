@@ -238,11 +238,7 @@ func (s *Server) createWorker(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out, err := s.svc.CreateWorker(r.Context(), p)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusCreated, out)
+	s.answer(w, r, http.StatusCreated, out, err)
 }
 
 func (s *Server) listWorkers(w http.ResponseWriter, r *http.Request) {
@@ -251,11 +247,7 @@ func (s *Server) listWorkers(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out, err := s.svc.ListWorkers(r.Context(), pg)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, out)
+	s.answer(w, r, http.StatusOK, out, err)
 }
 
 func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
@@ -268,11 +260,7 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out, err := s.svc.Heartbeat(r.Context(), p, id)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, out)
+	s.answer(w, r, http.StatusOK, out, err)
 }
 
 func (s *Server) deleteWorker(w http.ResponseWriter, r *http.Request) {
@@ -297,11 +285,7 @@ func (s *Server) listRoomWorkers(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out, err := s.svc.ListRoomWorkers(r.Context(), r.PathValue("room"), pg)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, out)
+	s.answer(w, r, http.StatusOK, out, err)
 }
 
 // --- jobs
@@ -351,15 +335,7 @@ func (s *Server) registerJob(w http.ResponseWriter, r *http.Request) {
 		Category: *b.Category, Name: *b.Name, Schema: schema, WorkerID: b.WorkerID,
 		OnWorkerLoss: b.OnWorkerLoss, MaxAttempts: b.MaxAttempts,
 	})
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	status := http.StatusOK
-	if created {
-		status = http.StatusCreated
-	}
-	writeJSON(w, status, job)
+	s.answer(w, r, createdOrOK(created), job, err)
 }
 
 func (s *Server) listJobs(w http.ResponseWriter, r *http.Request) {
@@ -368,11 +344,7 @@ func (s *Server) listJobs(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out, err := s.svc.ListJobs(r.Context(), r.PathValue("room"), pg)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, out)
+	s.answer(w, r, http.StatusOK, out, err)
 }
 
 // jobOrJobTasks serves both /jobs/{full_name} and /jobs/{full_name}/tasks:
@@ -385,19 +357,11 @@ func (s *Server) jobOrJobTasks(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		out, err := s.svc.ListJobTasks(r.Context(), room, job, lp)
-		if err != nil {
-			s.fail(w, r, err)
-			return
-		}
-		writeJSON(w, http.StatusOK, out)
+		s.answer(w, r, http.StatusOK, out, err)
 		return
 	}
 	out, err := s.svc.GetJob(r.Context(), room, name)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, out)
+	s.answer(w, r, http.StatusOK, out, err)
 }
 
 // --- tasks
@@ -408,11 +372,7 @@ func (s *Server) listRoomTasks(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out, err := s.svc.ListRoomTasks(r.Context(), r.PathValue("room"), lp)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, out)
+	s.answer(w, r, http.StatusOK, out, err)
 }
 
 func (s *Server) submitTask(w http.ResponseWriter, r *http.Request) {
@@ -505,11 +465,7 @@ func (s *Server) updateTask(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	task, err := s.svc.UpdateTask(r.Context(), p, id, *b.Status, b.Error)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, task)
+	s.answer(w, r, http.StatusOK, task, err)
 }
 
 // --- health
