@@ -23,6 +23,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -62,7 +63,8 @@ func run(dbURL string, workers, tasks int) error {
 		return err
 	}
 	defer cleanup()
-	db, err := models.Open(ctx, url, models.OpenOptions{MaxConns: 32})
+	var statements atomic.Int64
+	db, err := models.Open(ctx, url, models.OpenOptions{MaxConns: 32, Statements: &statements})
 	if err != nil {
 		return err
 	}
@@ -102,6 +104,7 @@ func run(dbURL string, workers, tasks int) error {
 	wg.Wait()
 
 	lat := make([][]time.Duration, workers)
+	stmts0 := statements.Load()
 	start := time.Now()
 	for w := range workers {
 		wg.Go(func() {
@@ -134,9 +137,13 @@ func run(dbURL string, workers, tasks int) error {
 	if len(all) != tasks {
 		return fmt.Errorf("processed %d tasks, want %d", len(all), tasks)
 	}
-	fmt.Printf("database=%s workers=%d tasks=%d elapsed=%s throughput=%.0f tasks/s claim_p50=%s claim_p99=%s\n",
+	perTask := ""
+	if db.Dialect() == models.Postgres {
+		perTask = fmt.Sprintf(" statements_per_task=%.1f", float64(statements.Load()-stmts0)/float64(tasks))
+	}
+	fmt.Printf("database=%s workers=%d tasks=%d elapsed=%s throughput=%.0f tasks/s claim_p50=%s claim_p99=%s%s\n",
 		db.Dialect(), workers, tasks, elapsed.Round(time.Millisecond), float64(tasks)/elapsed.Seconds(),
-		pct(all, 0.50), pct(all, 0.99))
+		pct(all, 0.50), pct(all, 0.99), perTask)
 	return nil
 }
 
