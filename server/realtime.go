@@ -30,7 +30,8 @@ type RealtimeConfig struct {
 	DisconnectGrace time.Duration `env:"DISCONNECT_GRACE" envDefault:"5s"`
 	// KeepAliveInterval is how often the heartbeats of workers with an open
 	// socket on this node are refreshed (one statement for all of them).
-	KeepAliveInterval time.Duration `env:"SOCKET_KEEPALIVE_INTERVAL" envDefault:"10s"`
+	// 0 means a third of the worker timeout, at most 10 s.
+	KeepAliveInterval time.Duration `env:"SOCKET_KEEPALIVE_INTERVAL" envDefault:"0s"`
 	// AllowedOrigins are the browser origins (host patterns such as
 	// "app.example.com" or "*.example.com") allowed to connect; requests
 	// without an Origin header (workers) are always allowed.
@@ -46,7 +47,7 @@ type RealtimeConfig struct {
 func DefaultRealtimeConfig() RealtimeConfig {
 	return RealtimeConfig{
 		PingInterval: 25 * time.Second, PingTimeout: 20 * time.Second, DisconnectGrace: 5 * time.Second,
-		KeepAliveInterval: 10 * time.Second, MaxMessageBytes: 1_000_000, SendQueue: 1024,
+		MaxMessageBytes: 1_000_000, SendQueue: 1024,
 	}
 }
 
@@ -89,6 +90,9 @@ type connState struct {
 func (s *Server) NewRealtime(cfg RealtimeConfig, log *slog.Logger) *Realtime {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.KeepAliveInterval <= 0 {
+		cfg.KeepAliveInterval = min(10*time.Second, s.svc.Settings().WorkerTimeout/3)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	rt := &Realtime{

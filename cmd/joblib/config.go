@@ -63,8 +63,8 @@ func (c Config) validate() error {
 	if c.DatabaseURL == "" {
 		return errors.New("JOBLIB_DATABASE_URL must not be empty")
 	}
-	if c.Realtime.PingInterval <= 0 || c.Realtime.PingTimeout <= 0 || c.Realtime.DisconnectGrace < 0 || c.Realtime.KeepAliveInterval <= 0 {
-		return errors.New("JOBLIB_PING_INTERVAL, JOBLIB_PING_TIMEOUT and JOBLIB_SOCKET_KEEPALIVE_INTERVAL must be positive and JOBLIB_DISCONNECT_GRACE not negative")
+	if c.Realtime.PingInterval <= 0 || c.Realtime.PingTimeout <= 0 || c.Realtime.DisconnectGrace < 0 || c.Realtime.KeepAliveInterval < 0 {
+		return errors.New("JOBLIB_PING_INTERVAL and JOBLIB_PING_TIMEOUT must be positive, JOBLIB_DISCONNECT_GRACE and JOBLIB_SOCKET_KEEPALIVE_INTERVAL not negative")
 	}
 	if c.Realtime.KeepAliveInterval >= c.Settings.WorkerTimeout {
 		return fmt.Errorf("JOBLIB_SOCKET_KEEPALIVE_INTERVAL (%s) must be shorter than JOBLIB_WORKER_TIMEOUT (%s)", c.Realtime.KeepAliveInterval, c.Settings.WorkerTimeout)

@@ -137,3 +137,16 @@ func TestConfigInvalidValuesNameTheVariable(t *testing.T) {
 		t.Errorf("empty category list: %v", err)
 	}
 }
+
+// A shorter worker timeout needs no other setting: the socket keep-alive
+// follows it, and only an explicit keep-alive at or above it is refused.
+func TestConfigKeepAliveFollowsWorkerTimeout(t *testing.T) {
+	t.Parallel()
+	if _, err := loadConfig(map[string]string{"JOBLIB_WORKER_TIMEOUT": "6s"}); err != nil {
+		t.Fatalf("a 6s worker timeout alone was refused: %v", err)
+	}
+	_, err := loadConfig(map[string]string{"JOBLIB_WORKER_TIMEOUT": "6s", "JOBLIB_SOCKET_KEEPALIVE_INTERVAL": "6s"})
+	if err == nil || !strings.Contains(err.Error(), "JOBLIB_SOCKET_KEEPALIVE_INTERVAL") {
+		t.Fatalf("keep-alive equal to the worker timeout: %v, want an error naming the variable", err)
+	}
+}
