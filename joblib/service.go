@@ -19,7 +19,7 @@ type Service struct {
 	db       *models.DB
 	bus      events.Bus
 	log      *slog.Logger
-	watch    *taskWatch
+	watch    taskWatch
 	unsubbus func()
 	draining chan struct{}
 	drainOne sync.Once

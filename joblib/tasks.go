@@ -159,7 +159,7 @@ func (s *Service) WaitTask(ctx context.Context, id uuid.UUID, wait time.Duration
 		return t, 0, false, err
 	}
 	effective = min(wait, s.Settings().LongPollMaxWait)
-	changed, stop := s.watch.subscribe(id)
+	changed, stop := s.watch.Subscribe(id)
 	defer stop()
 	if t, err = s.GetTask(ctx, id); err != nil || t.Terminal() {
 		return t, 0, false, err
