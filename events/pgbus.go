@@ -25,12 +25,11 @@ type PGBus struct {
 	node string
 	log  *slog.Logger
 
-	mu      sync.Mutex
-	cancel  context.CancelFunc
-	done    chan struct{}
-	ready   chan struct{}
-	lastGC  time.Time
-	spilled int64
+	mu     sync.Mutex
+	cancel context.CancelFunc
+	done   chan struct{}
+	ready  chan struct{}
+	lastGC time.Time
 }
 
 // Channel is the NOTIFY channel joblib nodes share.

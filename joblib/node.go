@@ -44,15 +44,9 @@ func (s *Service) Node() Node { return s.node }
 func (s *Service) BindWorker(ctx context.Context, workerID uuid.UUID) (int64, error) {
 	epoch, err := s.db.Q(ctx).BindWorker(workerID, s.node.ID, s.node.Run)
 	if err != nil {
-		return 0, notFound(err, s.workerGone(nil, workerID))
+		return 0, notFound(err, s.workerGone(workerID))
 	}
 	return epoch, nil
-}
-
-// UnbindWorker forgets the socket binding of a worker if it is still the
-// session of that epoch (a clean socket close that keeps the worker).
-func (s *Service) UnbindWorker(ctx context.Context, workerID uuid.UUID, epoch int64) error {
-	return s.db.Q(ctx).UnbindWorker(workerID, epoch)
 }
 
 // RecoverNode is startup recovery: it cleans, with path startup, every worker

@@ -9,15 +9,6 @@ import (
 	"github.com/zndraw/joblib/models"
 )
 
-// BindOwnedWorker is BindWorker for a worker that must exist and belong to
-// the caller (a socket's join).
-func (s *Service) BindOwnedWorker(ctx context.Context, p Principal, workerID uuid.UUID) (int64, error) {
-	if err := s.CheckWorker(ctx, p, workerID); err != nil {
-		return 0, err
-	}
-	return s.BindWorker(ctx, workerID)
-}
-
 // CheckWorker verifies that a worker exists and belongs to the caller.
 func (s *Service) CheckWorker(ctx context.Context, p Principal, workerID uuid.UUID) error {
 	_, err := ownedWorker(s.db.Q(ctx), p, workerID)

@@ -24,13 +24,13 @@ func (s *Service) Heartbeat(ctx context.Context, p Principal, id uuid.UUID) (Wor
 	err := s.db.Tx(ctx, func(q *models.Q) error {
 		w, err := q.GetWorker(id)
 		if err != nil {
-			return notFound(err, s.workerGone(q, id))
+			return notFound(err, s.workerGone(id))
 		}
 		if w.UserID != p.ID {
 			return errf(CodeForbidden, "Worker belongs to different user")
 		}
 		out, err = q.TouchWorker(id)
-		return notFound(err, s.workerGone(q, id))
+		return notFound(err, s.workerGone(id))
 	})
 	if err != nil {
 		if IsCode(err, CodeWorkerNotFound) {
@@ -44,7 +44,7 @@ func (s *Service) Heartbeat(ctx context.Context, p Principal, id uuid.UUID) (Wor
 }
 
 // workerGone is the 404 for a worker that does not exist.
-func (s *Service) workerGone(_ *models.Q, id uuid.UUID) *Error {
+func (s *Service) workerGone(id uuid.UUID) *Error {
 	return errf(CodeWorkerNotFound, "Worker '%s' not found", id)
 }
 
@@ -53,7 +53,7 @@ func (s *Service) workerGone(_ *models.Q, id uuid.UUID) *Error {
 func (s *Service) DeleteWorker(ctx context.Context, p Principal, id uuid.UUID) (CleanupResult, error) {
 	w, err := s.db.Q(ctx).GetWorker(id)
 	if err != nil {
-		return CleanupResult{}, notFound(err, s.workerGone(nil, id))
+		return CleanupResult{}, notFound(err, s.workerGone(id))
 	}
 	if w.UserID != p.ID && !p.Superuser {
 		return CleanupResult{}, errf(CodeForbidden, "Worker belongs to different user")
@@ -64,7 +64,7 @@ func (s *Service) DeleteWorker(ctx context.Context, p Principal, id uuid.UUID) (
 	}
 	if res.Cleaned == 0 {
 		// Someone else's cleanup won the race; to the caller it is gone.
-		return res, s.workerGone(nil, id)
+		return res, s.workerGone(id)
 	}
 	return res, nil
 }

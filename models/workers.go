@@ -131,11 +131,6 @@ func (q *Q) BindWorker(id uuid.UUID, nodeID, nodeRun string) (int64, error) {
 	return epochs[0], nil
 }
 
-// UnbindWorker clears a worker's socket binding if it still has this epoch.
-func (q *Q) UnbindWorker(id uuid.UUID, epoch int64) error {
-	return mapErr(q.g.Exec("UPDATE workers SET node_id = NULL, node_run = NULL, bound_at = NULL WHERE id = ? AND session_epoch = ?", id, epoch).Error)
-}
-
 // SetHeartbeatAge moves the workers' last heartbeat to the database's now
 // minus age. Tests and benchmarks use it to make workers stale without
 // touching any clock; the server never calls it.

@@ -61,7 +61,6 @@ type Realtime struct {
 	auth        *authenticator
 	publicReads bool
 	cfg         RealtimeConfig
-	node        joblib.Node
 	log         *slog.Logger
 	io          *sio.Server
 
@@ -301,7 +300,8 @@ func (rt *Realtime) joinAsWorker(ctx context.Context, s *sio.Socket, st *connSta
 	_, already := st.workers[wid]
 	st.mu.Unlock()
 	if !already {
-		epoch, err := rt.svc.BindOwnedWorker(ctx, st.p, wid)
+		// Ownership was checked above; a worker deleted since is not found.
+		epoch, err := rt.svc.BindWorker(ctx, wid)
 		if err != nil {
 			return errAck(err)
 		}
