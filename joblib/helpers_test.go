@@ -2,7 +2,6 @@ package joblib_test
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -147,14 +146,6 @@ func statusEvents(ems []events.Emission) map[string][]events.TaskStatusEvent {
 		if ev, ok := e.Event.(events.TaskStatusEvent); ok {
 			out[ev.ID] = append(out[ev.ID], ev)
 		}
-	}
-	return out
-}
-
-func names(n int, prefix string) []string {
-	out := make([]string, n)
-	for i := range out {
-		out[i] = fmt.Sprintf("%s%d", prefix, i)
 	}
 	return out
 }

@@ -74,12 +74,13 @@ func TestPythonClientFlow(t *testing.T) {
 	})
 }
 
-// startWorkerProcess runs testdata/python/joblib_worker.py bound to a worker
-// and waits until it has joined.
-func startWorkerProcess(t *testing.T, e *env, jobName, workerID string) *exec.Cmd {
+// pythonProcess runs a testdata/python script with env, waits for its first
+// stdout line to start with "ready", and returns the process, that line, and
+// the rest of its stdout, line by line (closed when it exits).
+func pythonProcess(t *testing.T, script string, env ...string) (*exec.Cmd, string, <-chan string) {
 	t.Helper()
-	cmd := exec.Command(python, "testdata/python/joblib_worker.py")
-	cmd.Env = append(os.Environ(), "JOBLIB_URL="+e.url, "TOKEN="+e.alice, "JOB_NAME="+jobName, "WORKER_ID="+workerID)
+	cmd := exec.Command(python, "testdata/python/"+script)
+	cmd.Env = append(os.Environ(), env...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -90,19 +91,31 @@ func startWorkerProcess(t *testing.T, e *env, jobName, workerID string) *exec.Cm
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	ready := make(chan bool, 1)
+	lines := make(chan string, 100)
 	go func() {
 		sc := bufio.NewScanner(stdout)
-		ready <- sc.Scan() && sc.Text() == "ready"
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
 	}()
 	select {
-	case ok := <-ready:
-		if !ok {
-			t.Fatalf("worker process did not become ready: %s", stderr.String())
+	case l, ok := <-lines:
+		if !ok || !strings.HasPrefix(l, "ready") {
+			t.Fatalf("%s did not become ready: %q %s", script, l, stderr.String())
 		}
+		return cmd, l, lines
 	case <-time.After(20 * time.Second):
-		t.Fatalf("worker process not ready within 20s: %s", stderr.String())
+		t.Fatalf("%s not ready within 20s: %s", script, stderr.String())
 	}
+	return nil, "", nil
+}
+
+// startWorkerProcess runs testdata/python/joblib_worker.py bound to a worker
+// and waits until it has joined.
+func startWorkerProcess(t *testing.T, e *env, jobName, workerID string) *exec.Cmd {
+	t.Helper()
+	cmd, _, _ := pythonProcess(t, "joblib_worker.py", "JOBLIB_URL="+e.url, "TOKEN="+e.alice, "JOB_NAME="+jobName, "WORKER_ID="+workerID)
 	return cmd
 }
 

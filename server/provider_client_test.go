@@ -1,11 +1,8 @@
 package server_test
 
 import (
-	"bufio"
 	"io"
 	"net/http"
-	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -20,34 +17,7 @@ func TestPythonProviderWorker(t *testing.T) {
 	t.Parallel()
 	requirePythonClient(t)
 	eachRealtime(t, func(t *testing.T, e *env) {
-		cmd := exec.Command(python, "testdata/python/joblib_provider.py")
-		cmd.Env = append(os.Environ(), "JOBLIB_URL="+e.url, "TOKEN="+e.alice, "ROOM=prov")
-		stdout, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		var stderr strings.Builder
-		cmd.Stderr = &stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-		lines := make(chan string, 100)
-		go func() {
-			sc := bufio.NewScanner(stdout)
-			for sc.Scan() {
-				lines <- sc.Text()
-			}
-			close(lines)
-		}()
-		select {
-		case l := <-lines:
-			if !strings.HasPrefix(l, "ready ") {
-				t.Fatalf("provider worker: %q %s", l, stderr.String())
-			}
-		case <-time.After(20 * time.Second):
-			t.Fatalf("provider worker not ready: %s", stderr.String())
-		}
+		_, _, lines := pythonProcess(t, "joblib_provider.py", "JOBLIB_URL="+e.url, "TOKEN="+e.alice, "ROOM=prov")
 		e.rec.take()
 
 		const readers = 50

@@ -238,3 +238,12 @@ func TestServeRejectsBadConfig(t *testing.T) {
 		t.Fatalf("error does not name the variable:\n%s", out)
 	}
 }
+
+// TestMain removes the binary joblibBinary built.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binPath != "" {
+		os.RemoveAll(filepath.Dir(binPath))
+	}
+	os.Exit(code)
+}

@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -181,12 +180,7 @@ func TestSweepCommand(t *testing.T) {
 // another node and REST-only workers stay.
 func TestServeStartupRecoveryAfterSIGKILL(t *testing.T) {
 	t.Parallel()
-	bin := filepath.Join(t.TempDir(), "joblib")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	build.Stderr = os.Stderr
-	if err := build.Run(); err != nil {
-		t.Fatalf("build joblib: %v", err)
-	}
+	bin := joblibBinary(t)
 	for _, d := range dbtest.Dialects {
 		t.Run(string(d), func(t *testing.T) {
 			t.Parallel()
