@@ -7,8 +7,11 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/zndraw/joblib/internal/limits"
+	"github.com/zndraw/joblib/models"
 	"github.com/zndraw/joblib/server"
 )
 
@@ -131,6 +134,96 @@ func TestJSONDepthBudgetIsConfigurable(t *testing.T) {
 		p := e.do(e.admin, "POST", submit, `{"payload":{"a":{"b":{"c":[]}}}}`).problem(422, "validation-error")
 		if !strings.Contains(p["detail"].(string), "more than 4 levels") {
 			t.Fatalf("detail %q does not name the budget", p["detail"])
+		}
+	})
+}
+
+// holdDatabase makes every listing statement wait until release is called:
+// on PostgreSQL another session holds an exclusive lock on tasks, on SQLite
+// a transaction holds the single connection.
+func holdDatabase(t *testing.T, e *env) (release func()) {
+	t.Helper()
+	ctx := context.Background()
+	if e.db.Dialect() == models.Postgres {
+		conn, err := pgx.Connect(ctx, e.db.URL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, "LOCK TABLE tasks IN ACCESS EXCLUSIVE MODE"); err != nil {
+			t.Fatal(err)
+		}
+		return func() { _ = tx.Rollback(ctx); _ = conn.Close(ctx) }
+	}
+	held, done := make(chan struct{}), make(chan struct{})
+	stop := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = e.db.Tx(ctx, func(*models.Q) error { close(held); <-stop; return nil })
+	}()
+	<-held
+	return func() { close(stop); <-done }
+}
+
+// A listing past its database time budget (JOBLIB_READ_DB_TIMEOUT) is
+// cancelled and answers 503 statement-timeout with Retry-After, counted in
+// joblib_limit_rejections_total; the server keeps serving, and the same
+// listing succeeds once the database is free again.
+func TestListingPastItsDatabaseBudgetIsCancelled(t *testing.T) {
+	t.Parallel()
+	cfg := server.DefaultConfig()
+	cfg.ReadDBTimeout = 300 * time.Millisecond
+	eachWith(t, []func(*setupOpts){func(o *setupOpts) { o.serverCfg = &cfg; o.publicReads = true }}, func(t *testing.T, e *env) {
+		e.seed()
+		e.submit(e.admin, "room", rotate, nil)
+		var once sync.Once
+		hold := holdDatabase(t, e)
+		release := func() { once.Do(hold) }
+		// Without the budget the listing would wait for the lock; it is
+		// let go after 10 s so that such a bug fails instead of hanging.
+		time.AfterFunc(10*time.Second, release)
+		start := time.Now()
+		r := e.do("", "GET", api+"/rooms/room/tasks", nil)
+		took := time.Since(start)
+		release()
+		r.problem(503, "statement-timeout")
+		if r.Header.Get("Retry-After") == "" {
+			t.Error("no Retry-After on a statement timeout")
+		}
+		// Generous bound: the budget is 300 ms.
+		if took > 8*time.Second {
+			t.Fatalf("listing took %s", took)
+		}
+		if v := e.api.Rejections().Value(limits.StatementTimeout); v != 1 {
+			t.Fatalf("rejections{statement_timeout} = %v, want 1", v)
+		}
+		e.do("", "GET", api+"/rooms/room/tasks", nil).want(200)
+		e.do(e.admin, "GET", "/readyz", nil).want(200)
+	})
+}
+
+// The deepest offset a listing accepts is JOBLIB_MAX_LIST_OFFSET; offsets up
+// to it keep working (contract clients page with them), deeper ones answer
+// 422 before any statement runs.
+func TestListOffsetBudget(t *testing.T) {
+	t.Parallel()
+	cfg := server.DefaultConfig()
+	cfg.MaxListOffset = 100
+	eachWith(t, []func(*setupOpts){func(o *setupOpts) { o.serverCfg = &cfg }}, func(t *testing.T, e *env) {
+		e.seed()
+		for _, path := range []string{"/workers", "/rooms/room/jobs", "/rooms/room/tasks", "/rooms/room/workers",
+			"/rooms/room/providers", "/rooms/room/jobs/" + rotate + "/tasks"} {
+			e.do(e.admin, "GET", api+path+"?offset=100", nil).want(200)
+			p := e.do(e.admin, "GET", api+path+"?offset=101", nil).problem(422, "validation-error")
+			if !strings.Contains(p["detail"].(string), "at most 100") {
+				t.Errorf("%s: detail %q", path, p["detail"])
+			}
+		}
+		if v := e.api.Rejections().Value(limits.ListOffset); v != 6 {
+			t.Fatalf("rejections{list_offset} = %v, want 6", v)
 		}
 	})
 }
