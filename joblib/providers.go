@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/zndraw/joblib/events"
+	"github.com/zndraw/joblib/internal/limits"
 	"github.com/zndraw/joblib/models"
 )
 
@@ -306,7 +307,7 @@ func (s *Service) UploadProviderResult(ctx context.Context, p Principal, id uuid
 		return errf(CodeValidation, "could not read the result body: %v", err)
 	}
 	if int64(len(data)) > st.ProviderMaxResultBytes {
-		return errf(CodePayloadTooLarge, "provider result exceeds %d bytes", st.ProviderMaxResultBytes)
+		return limitErr(CodePayloadTooLarge, limits.ProviderResultBytes, 0, "provider result exceeds %d bytes", st.ProviderMaxResultBytes)
 	}
 	k := ResultKey{ProviderID: prov.ID, Hash: hash}
 	// Store before release: a reader that takes the lock after the release

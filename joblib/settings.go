@@ -39,6 +39,15 @@ type Settings struct {
 	// ProviderMaxResultBytes caps one uploaded provider result; a larger
 	// upload answers 413 and stores nothing.
 	ProviderMaxResultBytes int64 `env:"PROVIDER_MAX_RESULT_BYTES" envDefault:"16777216"`
+	// ProviderCacheBytes caps the provider result cache's total size; a
+	// store past it evicts the least recently used results.
+	ProviderCacheBytes int64 `env:"PROVIDER_CACHE_BYTES" envDefault:"134217728"`
+	// ProviderCacheEntries caps the number of cached provider results.
+	ProviderCacheEntries int64 `env:"PROVIDER_CACHE_ENTRIES" envDefault:"10000"`
+	// ProviderCacheShare is the fraction of both caps one provider may hold;
+	// its own least recently used results are evicted first, and a single
+	// result larger than its share answers 413.
+	ProviderCacheShare float64 `env:"PROVIDER_CACHE_SHARE" envDefault:"0.25"`
 	// InternalWorkers is how many @internal tasks run at once inside the server.
 	InternalWorkers int `env:"INTERNAL_WORKERS" envDefault:"4"`
 	// InternalQueue is how many @internal tasks may wait for a worker; a
@@ -80,6 +89,9 @@ func DefaultSettings() Settings {
 		ProviderLongPollDefault: 5 * time.Second,
 		ProviderLongPollMax:     30 * time.Second,
 		ProviderMaxResultBytes:  16 << 20,
+		ProviderCacheBytes:      128 << 20,
+		ProviderCacheEntries:    10000,
+		ProviderCacheShare:      0.25,
 		InternalWorkers:         4,
 		InternalQueue:           256,
 		SweepBatchSize:          500,
@@ -110,6 +122,12 @@ func (s Settings) Validate() error {
 	if s.ProviderMaxResultBytes <= 0 {
 		return fmt.Errorf("JOBLIB_PROVIDER_MAX_RESULT_BYTES must be positive, got %d", s.ProviderMaxResultBytes)
 	}
+	if s.ProviderCacheBytes <= 0 || s.ProviderCacheEntries <= 0 {
+		return fmt.Errorf("JOBLIB_PROVIDER_CACHE_BYTES and JOBLIB_PROVIDER_CACHE_ENTRIES must be positive, got %d and %d", s.ProviderCacheBytes, s.ProviderCacheEntries)
+	}
+	if s.ProviderCacheShare <= 0 || s.ProviderCacheShare > 1 {
+		return fmt.Errorf("JOBLIB_PROVIDER_CACHE_SHARE must be above 0 and at most 1, got %g", s.ProviderCacheShare)
+	}
 	if s.InternalWorkers <= 0 {
 		return fmt.Errorf("JOBLIB_INTERNAL_WORKERS must be positive, got %d", s.InternalWorkers)
 	}
@@ -132,6 +150,11 @@ func (s Settings) Validate() error {
 		return fmt.Errorf("JOBLIB_ALLOWED_CATEGORIES must name at least one category")
 	}
 	return nil
+}
+
+// ResultCacheBudget is the provider result cache's budget.
+func (s Settings) ResultCacheBudget() ResultCacheBudget {
+	return ResultCacheBudget{MaxBytes: s.ProviderCacheBytes, MaxEntries: s.ProviderCacheEntries, ProviderShare: s.ProviderCacheShare}
 }
 
 // List is a list of names read from the environment either as a comma
