@@ -30,6 +30,7 @@ type Service struct {
 	observers []CleanupObserver
 	runner    *internalRunner
 	cache     ResultCache
+	rates     rateLimits
 
 	node        Node
 	fpObservers []func(FalsePositive)
@@ -74,6 +75,7 @@ func New(cfg Config) *Service {
 		draining: make(chan struct{}),
 		internal: map[string]InternalJob{},
 		cache:    cfg.ResultCache,
+		rates:    newRateLimits(cfg.Settings),
 	}
 	s.runner = newInternalRunner(s)
 	s.node = cfg.Node

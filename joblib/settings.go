@@ -48,6 +48,24 @@ type Settings struct {
 	// its own least recently used results are evicted first, and a single
 	// result larger than its share answers 413.
 	ProviderCacheShare float64 `env:"PROVIDER_CACHE_SHARE" envDefault:"0.25"`
+	// SubmitRate is how many tasks per second one user may submit (token
+	// bucket of SubmitBurst, per node); past it a submission answers 429
+	// with Retry-After. Superusers are not limited. 0 disables it.
+	SubmitRate  float64 `env:"SUBMIT_RATE" envDefault:"100"`
+	SubmitBurst int     `env:"SUBMIT_BURST" envDefault:"1000"`
+	// ProviderDispatchRate is how many provider reads per second one user may
+	// make that dispatch a provider_request (cache misses not already in
+	// flight); past it 429. Superusers are not limited. 0 disables it.
+	ProviderDispatchRate  float64 `env:"PROVIDER_DISPATCH_RATE" envDefault:"20"`
+	ProviderDispatchBurst int     `env:"PROVIDER_DISPATCH_BURST" envDefault:"200"`
+	// InternalRate is how many @internal tasks per second one user may
+	// submit; past it 429. Superusers are not limited. 0 disables it.
+	InternalRate  float64 `env:"INTERNAL_RATE" envDefault:"5"`
+	InternalBurst int     `env:"INTERNAL_BURST" envDefault:"32"`
+	// InternalQueuePerUser is how many @internal tasks of one user may be
+	// queued or running at once, so that one user cannot fill the executor
+	// and make another's submission fail; past it 429, nothing stored.
+	InternalQueuePerUser int `env:"INTERNAL_QUEUE_PER_USER" envDefault:"64"`
 	// InternalWorkers is how many @internal tasks run at once inside the server.
 	InternalWorkers int `env:"INTERNAL_WORKERS" envDefault:"4"`
 	// InternalQueue is how many @internal tasks may wait for a worker; a
@@ -92,6 +110,13 @@ func DefaultSettings() Settings {
 		ProviderCacheBytes:      128 << 20,
 		ProviderCacheEntries:    10000,
 		ProviderCacheShare:      0.25,
+		SubmitRate:              100,
+		SubmitBurst:             1000,
+		ProviderDispatchRate:    20,
+		ProviderDispatchBurst:   200,
+		InternalRate:            5,
+		InternalBurst:           32,
+		InternalQueuePerUser:    64,
 		InternalWorkers:         4,
 		InternalQueue:           256,
 		SweepBatchSize:          500,
@@ -130,6 +155,9 @@ func (s Settings) Validate() error {
 	}
 	if s.InternalWorkers <= 0 {
 		return fmt.Errorf("JOBLIB_INTERNAL_WORKERS must be positive, got %d", s.InternalWorkers)
+	}
+	if s.SubmitRate < 0 || s.ProviderDispatchRate < 0 || s.InternalRate < 0 || s.InternalQueuePerUser < 0 {
+		return fmt.Errorf("JOBLIB_SUBMIT_RATE, JOBLIB_PROVIDER_DISPATCH_RATE, JOBLIB_INTERNAL_RATE and JOBLIB_INTERNAL_QUEUE_PER_USER must not be negative")
 	}
 	if s.InternalQueue < 0 {
 		return fmt.Errorf("JOBLIB_INTERNAL_QUEUE must not be negative, got %d", s.InternalQueue)

@@ -89,7 +89,7 @@ func (s *Server) providerInfoOrRead(w http.ResponseWriter, r *http.Request) {
 // readProvider answers a provider read with the provider's bytes, or 504
 // ProviderTimeout with Retry-After: 2 when none arrived in time.
 func (s *Server) readProvider(w http.ResponseWriter, r *http.Request) {
-	room, _, ok := s.roomThenPrincipal(w, r)
+	room, p, ok := s.roomThenPrincipal(w, r)
 	if !ok {
 		return
 	}
@@ -102,7 +102,7 @@ func (s *Server) readProvider(w http.ResponseWriter, r *http.Request) {
 	if d, ok := parsePreferWait(r.Header.Get("Prefer")); ok {
 		wait = &d
 	}
-	out, err := s.svc.ReadProvider(r.Context(), room, r.PathValue("name"), params, wait)
+	out, err := s.svc.ReadProviderAs(r.Context(), p, room, r.PathValue("name"), params, wait)
 	if err != nil {
 		if joblib.IsCode(err, joblib.CodeProviderTimeout) {
 			w.Header().Set("Retry-After", "2")
