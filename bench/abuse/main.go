@@ -10,7 +10,8 @@
 //
 // The server runs as a child process with its own database (a temporary SQLite
 // file, or a fresh schema of -db), so its RSS and CPU are its own. Attacks run
-// one after another; each is bounded by -timeout.
+// one after another, each on a freshly started process (same database) and
+// bounded by -timeout.
 package main
 
 import (
@@ -52,6 +53,7 @@ type options struct {
 	tasks    int
 	only     map[string]bool
 	timeout  time.Duration
+	fresh    bool
 }
 
 func main() {
@@ -62,6 +64,7 @@ func main() {
 	flag.IntVar(&o.tasks, "tasks", 100000, "pending tasks seeded in the room the listing and @internal attacks target")
 	flag.StringVar(&only, "only", "", "comma-separated attack names to run (default all)")
 	flag.DurationVar(&o.timeout, "timeout", 90*time.Second, "bound of each attack")
+	flag.BoolVar(&o.fresh, "fresh", true, "restart the server (same database) before each attack")
 	flag.Parse()
 	if only != "" {
 		o.only = map[string]bool{}
@@ -87,6 +90,19 @@ type serverProc struct {
 }
 
 func (s *serverProc) base() string { return "http://" + s.addr }
+
+// stop ends the server (SIGTERM, then SIGKILL after 10 s).
+func (s *serverProc) stop() {
+	_ = s.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { _ = s.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		_ = s.cmd.Process.Kill()
+		<-done
+	}
+}
 
 func (s *serverProc) errorLines() int {
 	s.logMu.Lock()
@@ -529,7 +545,7 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
-	defer func() { _ = srv.cmd.Process.Kill(); _ = srv.cmd.Wait() }()
+	defer func() { srv.stop() }()
 	e := &env{srv: srv, tasks: o.tasks, timeout: o.timeout, bigRoom: "big"}
 	if e.userA, err = srv.token("alice", false); err != nil {
 		return err
@@ -570,6 +586,15 @@ func run(ctx context.Context, o options) error {
 	for _, a := range attacks {
 		if o.only != nil && !o.only[a.name] {
 			continue
+		}
+		if o.fresh {
+			// A fresh process on the same database: each attack's memory
+			// growth is measured from a clean heap.
+			srv.stop()
+			if e.srv, err = startServer(ctx, bin, dbURL); err != nil {
+				return err
+			}
+			srv = e.srv
 		}
 		r := measure(ctx, e, a.name, func(ctx context.Context) string { return a.run(ctx, e) })
 		fmt.Printf("| %s | %s | %.1f MB | %d ms | %s / %s | %s / %s | %d | %d |\n", r.name, r.outcome, float64(r.rssGrowth)/(1<<20),
