@@ -35,7 +35,7 @@ func TestOldEpochCleanupAfterRebindIsNoop(t *testing.T) {
 		res, err := b.svc.CleanupWorker(b.ctx, w, joblib.DisconnectCleanup(old))
 		b.must(err)
 		if res.Cleaned != 0 || res.TasksFailed != 0 || len(res.Tasks) != 0 {
-			t.Fatalf("old-epoch cleanup acted: %+v", res)
+			t.Fatalf("old-epoch cleanup acted: %d workers cleaned, %d tasks failed", res.Cleaned, res.TasksFailed)
 		}
 		if !b.workerExists(w) {
 			t.Fatal("old-epoch cleanup removed the re-bound worker")
@@ -47,7 +47,7 @@ func TestOldEpochCleanupAfterRebindIsNoop(t *testing.T) {
 			t.Fatalf("old-epoch cleanup wrote audit rows: %+v", es)
 		}
 		if ems := b.rec.take(); len(ems) != 0 {
-			t.Fatalf("old-epoch cleanup published %d events: %+v", len(ems), ems)
+			t.Fatalf("old-epoch cleanup published %d events", len(ems))
 		}
 		if _, err := b.svc.GetJob(b.ctx, "r", job.full()); err != nil {
 			t.Fatalf("job after old-epoch cleanup: %v", err)
@@ -74,7 +74,7 @@ func TestSubscriberSeesCommittedState(t *testing.T) {
 			if !ok {
 				return
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			defer cancel()
 			var problem string
 			tk, err := db.Q(ctx).GetTask(uuid.MustParse(ev.ID))

@@ -274,7 +274,7 @@ func TestCleanupFenceEpoch(t *testing.T) {
 		out, err := f.q.CleanupWorkers([]uuid.UUID{w}, models.CleanupFence{Epoch: &old}, lost, models.CleanupAudit{Path: "disconnect"})
 		f.must(err)
 		if !out.Empty() || len(out.Tasks) != 0 || len(out.OrphanJobs) != 0 {
-			t.Fatalf("old-epoch cleanup acted: %+v", out)
+			t.Fatalf("old-epoch cleanup acted: %d workers, %d tasks, %d orphaned jobs", len(out.Workers), len(out.Tasks), len(out.OrphanJobs))
 		}
 		if !f.exists(w) {
 			t.Fatal("old-epoch cleanup removed the re-bound worker")
@@ -293,7 +293,7 @@ func TestCleanupFenceEpoch(t *testing.T) {
 		out, err = f.q.CleanupWorkers([]uuid.UUID{w}, models.CleanupFence{Epoch: &cur}, lost, models.CleanupAudit{Path: "disconnect"})
 		f.must(err)
 		if len(out.Workers) != 1 || out.Workers[0].TasksFailed != 2 || f.exists(w) {
-			t.Fatalf("current-epoch cleanup: %+v", out.Workers)
+			t.Fatalf("current-epoch cleanup: %d workers (want 1, with 2 tasks failed); worker still there: %v", len(out.Workers), f.exists(w))
 		}
 		if es := f.audit(w); len(es) != 1 || es[0].Path != "disconnect" {
 			t.Fatalf("audit rows %+v", es)
@@ -317,12 +317,12 @@ func TestCleanupFenceStaleness(t *testing.T) {
 		out, err := f.q.CleanupWorkers([]uuid.UUID{fresh, justAlive}, fence, lost, models.CleanupAudit{Path: "sweeper"})
 		f.must(err)
 		if !out.Empty() || !f.exists(fresh) || !f.exists(justAlive) {
-			t.Fatalf("staleness fence cleaned live workers: %+v", out.Workers)
+			t.Fatalf("staleness fence cleaned %d live workers", len(out.Workers))
 		}
 		out, err = f.q.CleanupMatching(fence, 10, lost, models.CleanupAudit{Path: "sweeper"})
 		f.must(err)
 		if len(out.Workers) != 1 || out.Workers[0].ID != stale || f.exists(stale) {
-			t.Fatalf("matching cleanup took %+v, want only %s", out.Workers, stale)
+			t.Fatalf("matching cleanup took %d workers, want only %s", len(out.Workers), stale)
 		}
 		es := f.audit(stale)
 		if len(es) != 1 || es[0].ThresholdMs == nil || *es[0].ThresholdMs != time.Minute.Milliseconds() {
@@ -489,7 +489,7 @@ func TestLivenessIgnoresProcessClock(t *testing.T) {
 			out, err := f.q.CleanupWorkers([]uuid.UUID{fresh, aging}, fence, lost, models.CleanupAudit{Path: "sweeper"})
 			f.must(err)
 			if !out.Empty() {
-				t.Fatalf("live workers cleaned: %+v", out.Workers)
+				t.Fatalf("%d live workers cleaned", len(out.Workers))
 			}
 			out, err = f.q.CleanupMatching(fence, 10, lost, models.CleanupAudit{Path: "sweeper"})
 			f.must(err)
