@@ -33,6 +33,7 @@ type Service struct {
 
 	node        Node
 	fpObservers []func(FalsePositive)
+	pruneObs    []func(status string, n int64)
 }
 
 // Config is what a Service is built from.
@@ -62,6 +63,7 @@ func New(cfg Config) *Service {
 	def := DefaultSettings()
 	cfg.Settings.ProviderMaxResultBytes = cmp.Or(cfg.Settings.ProviderMaxResultBytes, def.ProviderMaxResultBytes)
 	cfg.Settings.InternalWorkers = cmp.Or(cfg.Settings.InternalWorkers, def.InternalWorkers)
+	cfg.Settings.TaskRetentionBatch = cmp.Or(cfg.Settings.TaskRetentionBatch, def.TaskRetentionBatch)
 	if cfg.ResultCache == nil {
 		cfg.ResultCache = DefaultResultCache(cfg.DB, cfg.Logger)
 	}

@@ -65,6 +65,16 @@ type Settings struct {
 	// AuditRetention is how long cleanup_events and audit_log rows are kept;
 	// the sweeper deletes older ones. 0 keeps them forever.
 	AuditRetention time.Duration `env:"AUDIT_RETENTION" envDefault:"720h"`
+
+	// TaskRetentionCompleted is how long completed and cancelled tasks are
+	// kept after they finished (database clock); the sweeper deletes older
+	// ones in batches. 0 keeps them forever.
+	TaskRetentionCompleted time.Duration `env:"TASK_RETENTION_COMPLETED" envDefault:"24h"`
+	// TaskRetentionFailed is the same for failed tasks. 0 keeps them.
+	TaskRetentionFailed time.Duration `env:"TASK_RETENTION_FAILED" envDefault:"168h"`
+	// TaskRetentionBatch is how many tasks one retention statement deletes
+	// (1..10000); a pass runs at most taskPruneMaxBatches of them.
+	TaskRetentionBatch int `env:"TASK_RETENTION_BATCH" envDefault:"1000"`
 }
 
 // DefaultSettings returns the documented defaults.
@@ -85,6 +95,9 @@ func DefaultSettings() Settings {
 		SweepBatchSize:          500,
 		SweepCapMinWorkers:      10,
 		AuditRetention:          720 * time.Hour,
+		TaskRetentionCompleted:  24 * time.Hour,
+		TaskRetentionFailed:     168 * time.Hour,
+		TaskRetentionBatch:      1000,
 	}
 }
 
@@ -127,6 +140,15 @@ func (s Settings) Validate() error {
 	}
 	if s.AuditRetention < 0 {
 		return fmt.Errorf("JOBLIB_AUDIT_RETENTION must not be negative, got %s", s.AuditRetention)
+	}
+	if s.TaskRetentionCompleted < 0 {
+		return fmt.Errorf("JOBLIB_TASK_RETENTION_COMPLETED must not be negative, got %s", s.TaskRetentionCompleted)
+	}
+	if s.TaskRetentionFailed < 0 {
+		return fmt.Errorf("JOBLIB_TASK_RETENTION_FAILED must not be negative, got %s", s.TaskRetentionFailed)
+	}
+	if s.TaskRetentionBatch < 1 || s.TaskRetentionBatch > models.MaxPruneBatch {
+		return fmt.Errorf("JOBLIB_TASK_RETENTION_BATCH must be between 1 and %d, got %d", models.MaxPruneBatch, s.TaskRetentionBatch)
 	}
 	if len(s.AllowedCategories) == 0 {
 		return fmt.Errorf("JOBLIB_ALLOWED_CATEGORIES must name at least one category")

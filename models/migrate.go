@@ -318,6 +318,22 @@ ALTER TABLE tasks ADD COLUMN result text;
 ALTER TABLE tasks ADD COLUMN result TEXT;
 `,
 	},
+	{
+		version: 60,
+		name:    "task retention index",
+		// Retention deletes finished tasks by (status, completed_at) in
+		// batches; this index makes each batch a range scan however large
+		// the table. Its leading column serves every query the index on
+		// status alone served, so that one goes (one index less per write).
+		postgres: `
+CREATE INDEX IF NOT EXISTS tasks_finished_idx ON tasks (status, completed_at);
+DROP INDEX IF EXISTS tasks_status_idx;
+`,
+		sqlite: `
+CREATE INDEX IF NOT EXISTS tasks_finished_idx ON tasks (status, completed_at);
+DROP INDEX IF EXISTS tasks_status_idx;
+`,
+	},
 }
 
 // Migrate brings the schema to the newest version. It is safe to run from
