@@ -49,6 +49,8 @@ commands:
   tasks list [--status S] [--room R] [--limit N] [--json]
                                      list tasks, newest first
   tasks retry ID [--actor NAME]      put a failed task back to pending (audited)
+  tasks prune [--fix] [--json]       dry run by default: count the finished tasks
+                                     past retention; --fix deletes them
 
 Configuration comes from JOBLIB_* environment variables; see README.md.
 `

@@ -197,7 +197,7 @@ func workersCmd(ctx context.Context, cfg Config, log *slog.Logger, args []string
 }
 
 func tasksCmd(ctx context.Context, cfg Config, log *slog.Logger, args []string, environ map[string]string, stdout, stderr io.Writer) error {
-	const usage = "usage: joblib tasks list [--status S] [--room R] [--limit N] [--json] | joblib tasks retry ID [--actor NAME]"
+	const usage = "usage: joblib tasks list [--status S] [--room R] [--limit N] [--json] | joblib tasks retry ID [--actor NAME] | joblib tasks prune [--fix] [--json]"
 	if len(args) == 0 {
 		return errors.New(usage)
 	}
@@ -275,8 +275,56 @@ func tasksCmd(ctx context.Context, cfg Config, log *slog.Logger, args []string, 
 		}
 		fmt.Fprintf(stdout, "task %s is %s again (job %s, room %s, attempt %d so far)\n", t.ID, t.Status, t.JobName, t.RoomID, t.Attempt)
 		return nil
+	case "prune":
+		return tasksPrune(ctx, cfg, log, args[1:], stdout, stderr)
 	}
 	return errors.New(usage)
+}
+
+// tasksPrune is `joblib tasks prune`: what task retention would delete now
+// (dry run), or, with --fix, one retention pass.
+func tasksPrune(ctx context.Context, cfg Config, log *slog.Logger, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("tasks prune", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fix := fs.Bool("fix", false, "delete them (default: dry run, count only)")
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	svc, closeFn, err := opsService(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	rep, err := svc.PruneTasks(ctx, !*fix)
+	if err != nil {
+		return fmt.Errorf("tasks prune: %w", err)
+	}
+	st := cfg.Settings
+	if *asJSON {
+		return json.NewEncoder(stdout).Encode(map[string]any{"dry_run": !*fix, "tasks": rep.Deleted, "more": rep.More,
+			"retention_completed": st.TaskRetentionCompleted.String(), "retention_failed": st.TaskRetentionFailed.String()})
+	}
+	verb := "would delete"
+	if *fix {
+		verb = "deleted"
+	}
+	keep := func(d time.Duration) string {
+		if d <= 0 {
+			return "kept forever"
+		}
+		return "older than " + d.String()
+	}
+	fmt.Fprintf(stdout, "%s %d completed, %d cancelled (%s) and %d failed (%s) task(s), by the database's clock\n", verb,
+		rep.Deleted[models.StatusCompleted], rep.Deleted[models.StatusCancelled], keep(st.TaskRetentionCompleted),
+		rep.Deleted[models.StatusFailed], keep(st.TaskRetentionFailed))
+	if rep.More {
+		fmt.Fprintln(stdout, "more are left: run again")
+	}
+	if !*fix && rep.Total() > 0 {
+		fmt.Fprintln(stdout, "dry run: nothing changed; run with --fix to delete")
+	}
+	return nil
 }
 
 func orEmpty(ids []uuid.UUID) []uuid.UUID {
