@@ -83,6 +83,7 @@ type options struct {
 	retention     time.Duration
 	workerTimeout time.Duration
 	keep          bool
+	vacuum        time.Duration
 }
 
 const maxDuration = 2 * time.Hour
@@ -104,6 +105,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.DurationVar(&o.retention, "retention", time.Minute, "JOBLIB_TASK_RETENTION_COMPLETED and _FAILED of the server (0 keeps tasks)")
 	fs.DurationVar(&o.workerTimeout, "worker-timeout", 10*time.Second, "JOBLIB_WORKER_TIMEOUT of the server")
 	fs.BoolVar(&o.keep, "keep", false, "keep the database (schema or file) afterwards")
+	fs.DurationVar(&o.vacuum, "vacuum", time.Minute, "PostgreSQL with autovacuum off (CI machines): VACUUM the tables this often, as autovacuum would (0: never)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -414,6 +416,13 @@ func (h *harness) soak(ctx context.Context) error {
 	var lwg sync.WaitGroup
 	lwg.Go(func() { h.submit(load) })
 	lwg.Go(func() { h.churnLoop(load, pool, uis) })
+	if h.pg != nil && o.vacuum > 0 {
+		var av string
+		if err := h.pg.QueryRow(ctx, "SHOW autovacuum").Scan(&av); err == nil && av == "off" {
+			fmt.Fprintf(h.out, "autovacuum is off on this PostgreSQL: the harness runs VACUUM (ANALYZE) on the tables every %s\n", o.vacuum)
+			lwg.Go(func() { h.vacuumLoop(load) })
+		}
+	}
 	// Samples.
 	lwg.Go(func() {
 		t := time.NewTicker(o.sample)
@@ -623,9 +632,42 @@ func (h *harness) churnLoop(ctx context.Context, workers, uis *pool[*restartable
 	}
 }
 
+// vacuumLoop stands in for autovacuum. It uses its own connection: the
+// sampler owns h.pg.
+func (h *harness) vacuumLoop(ctx context.Context) {
+	conn, err := pgx.Connect(ctx, h.dbURL)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "vacuum:", err)
+		return
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	t := time.NewTicker(h.o.vacuum)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for _, tbl := range []string{"tasks", "workers", "worker_job_links", "jobs", "cleanup_events", "joblib_event_spill"} {
+			if _, err := conn.Exec(ctx, "VACUUM (ANALYZE) "+tbl); err != nil && ctx.Err() == nil {
+				fmt.Fprintln(os.Stderr, "vacuum", tbl+":", err)
+			}
+		}
+	}
+}
+
 // ---- the submitter ----
 
 func (h *harness) submit(ctx context.Context) {
+	// The first worker registers the job; submissions before that would
+	// answer 404.
+	for ctx.Err() == nil {
+		if code, err := h.call(ctx, "GET", "/rooms/"+jobRoom+"/jobs/"+jobName, nil, nil); err == nil && code == 200 {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	tokens := make(chan struct{}, 64)
 	var wg sync.WaitGroup
 	for range 8 {
@@ -1236,6 +1278,20 @@ func (h *harness) report(load, drained, clean time.Duration, base, after sample,
 	if log, err := os.ReadFile(h.logPath); err == nil {
 		errs := bytes.Count(log, []byte(`"level":"ERROR"`))
 		fmt.Fprintf(w, "server log: %d lines, %d at ERROR\n", bytes.Count(log, []byte("\n")), errs)
+		msgs := map[string]int{}
+		first := map[string]string{}
+		for _, l := range bytes.Split(log, []byte("\n")) {
+			var e struct{ Level, Msg string }
+			if json.Unmarshal(l, &e) == nil && (e.Level == "ERROR" || e.Level == "WARN") {
+				k := e.Level + " " + e.Msg
+				if msgs[k]++; msgs[k] == 1 {
+					first[k] = string(l[:min(len(l), 600)])
+				}
+			}
+		}
+		for m, n := range msgs {
+			fmt.Fprintf(w, "  %d× %s; first: %s\n", n, m, first[m])
+		}
 	}
 	verdict := "BALANCED"
 	if !a.ok() || clean < 0 || h.uiDup.Load() != 0 {

@@ -87,6 +87,11 @@ func TestConfigFromEnvironment(t *testing.T) {
 		{map[string]string{"JOBLIB_DATABASE_URL": "postgres://u@h/db", "JOBLIB_LOG_LEVEL": "debug", "JOBLIB_LOG_FORMAT": "json"}, func(c Config) bool {
 			return c.DatabaseURL == "postgres://u@h/db" && c.LogLevel == "debug" && c.LogFormat == "json"
 		}},
+		// 0 keeps finished tasks forever.
+		{map[string]string{"JOBLIB_TASK_RETENTION_COMPLETED": "0", "JOBLIB_TASK_RETENTION_FAILED": "720h", "JOBLIB_TASK_RETENTION_BATCH": "50"}, func(c Config) bool {
+			s := c.Settings
+			return s.TaskRetentionCompleted == 0 && s.TaskRetentionFailed == 720*time.Hour && s.TaskRetentionBatch == 50
+		}},
 		// Variables of other programs (the Python server's prefix) are ignored.
 		{map[string]string{"ZNDRAW_JOBLIB_WORKER_TIMEOUT_SECONDS": "120", "WORKER_TIMEOUT": "1s"}, func(c Config) bool {
 			return c.Settings.WorkerTimeout == 60*time.Second
@@ -121,6 +126,9 @@ func TestConfigInvalidValuesNameTheVariable(t *testing.T) {
 		"JOBLIB_LOG_LEVEL":                   "loud",
 		"JOBLIB_LOG_FORMAT":                  "xml",
 		"JOBLIB_SHUTDOWN_TIMEOUT":            "0s",
+		"JOBLIB_TASK_RETENTION_COMPLETED":    "-1h",
+		"JOBLIB_TASK_RETENTION_FAILED":       "a week",
+		"JOBLIB_TASK_RETENTION_BATCH":        "0",
 	}
 	for name, value := range cases {
 		_, err := loadConfig(map[string]string{name: value})
