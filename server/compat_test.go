@@ -54,7 +54,9 @@ func TestRoomListsOnlyRegisteredJobs(t *testing.T) {
 		}
 		var page struct {
 			Total int
-			Items []struct{ FullName string `json:"full_name"` }
+			Items []struct {
+				FullName string `json:"full_name"`
+			}
 		}
 		e.do(e.alice, "GET", api+"/rooms/room-1/jobs", nil).want(200).JSON(&page)
 		if page.Total != 3 || len(page.Items) != 3 {
