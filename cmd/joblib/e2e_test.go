@@ -33,6 +33,11 @@ func joblibBinary(t *testing.T) string {
 			buildErr = err
 			return
 		}
+		// Readable by every user: a test runs it as nobody.
+		if err := os.Chmod(dir, 0o755); err != nil {
+			buildErr = err
+			return
+		}
 		binPath = filepath.Join(dir, "joblib")
 		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
 		if err != nil {
