@@ -375,7 +375,14 @@ func TestServeBusyPortKeepsTheAdminToken(t *testing.T) {
 	if st != 200 {
 		t.Fatalf("the printed token: %d %s", st, body)
 	}
+	// The container health check: ready while serving, failing once stopped.
+	if code, out, errOut := runBin(t, dir, []string{"JOBLIB_LISTEN_ADDR=" + p.addr}, "health"); code != 0 || !strings.HasPrefix(out, "ready:") {
+		t.Fatalf("health while serving: exit %d %s %s", code, out, errOut)
+	}
 	p.stop(t)
+	if code, _, errOut := runBin(t, dir, []string{"JOBLIB_LISTEN_ADDR=" + p.addr}, "health"); code != 1 || !strings.Contains(errOut, "/readyz") {
+		t.Fatalf("health after stop: exit %d %s", code, errOut)
+	}
 	// A restart on the same database prints no token.
 	p, lines = startServeOut(t, dir, []string{"--listen", "127.0.0.1:0"})
 	p.stop(t)

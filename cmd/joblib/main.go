@@ -8,6 +8,7 @@
 //	joblib workers list [--json]       list workers with their heartbeat age
 //	joblib tasks list [--status S] [--room R] [--json]
 //	joblib tasks retry ID              put a failed task back to pending (audited)
+//	joblib health [--url URL]          probe a running server (container health check)
 //	joblib version                     print the version and commit
 //
 // Every command answers --help; exit status 0 is success, 1 a failure, 2 a
@@ -47,6 +48,7 @@ func root() *command {
 			sweepCommand(),
 			workersCommand(),
 			tasksCommand(),
+			healthCommand(),
 			versionCommand(),
 		},
 		long: "Configuration comes from JOBLIB_* environment variables (docs/configuration.md).\n" +
