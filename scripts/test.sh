@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The one test command (README, .ci/run). It prepares everything a fresh machine lacks:
 # a running PostgreSQL with a `test` database reachable on 127.0.0.1:5432, the Node
-# Socket.IO test client (npm ci), Debian's python3-socketio, then runs the Go suite with -race.
+# Socket.IO test client (npm ci), Debian's python3-socketio, promtool (Debian's prometheus),
+# systemd-analyze and python3-yaml for the deploy artefacts, then runs the Go suite with -race
+# (which also builds the static binary of the Dockerfile, deploy/deploy_test.go).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -65,9 +67,25 @@ ensure_node_client() {
   fi
 }
 
+ensure_deploy_tools() {
+  # deploy/deploy_test.go: promtool checks and unit-tests the alert rules,
+  # systemd-analyze verifies the unit, python3-yaml parses the compose file.
+  local want=()
+  command -v promtool >/dev/null 2>&1 || want+=(prometheus)
+  command -v systemd-analyze >/dev/null 2>&1 || want+=(systemd)
+  /usr/bin/python3 -c 'import yaml' >/dev/null 2>&1 || want+=(python3-yaml)
+  if [ "${#want[@]}" -gt 0 ]; then
+    log "installing ${want[*]}"
+    apt_updated=1 # the package lists may be old but suffice for these
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${want[@]}" >/dev/null ||
+      { apt_updated=0; apt_install --no-install-recommends "${want[@]}"; }
+  fi
+}
+
 ensure_postgres
 ensure_python_client
 ensure_node_client
+ensure_deploy_tools
 
 export GOTOOLCHAIN=local
 log "go vet"
