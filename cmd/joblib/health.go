@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -22,7 +23,7 @@ func healthCommand() *command {
 			return func(ctx context.Context, e *cmdEnv, _ []string) error {
 				target := *url
 				if target == "" {
-					addr := cmpOr(e.environ["JOBLIB_LISTEN_ADDR"], ":8080")
+					addr := cmp.Or(e.environ["JOBLIB_LISTEN_ADDR"], ":8080")
 					_, port, err := net.SplitHostPort(addr)
 					if err != nil {
 						return fmt.Errorf("JOBLIB_LISTEN_ADDR: listen address %q must be host:port", addr)

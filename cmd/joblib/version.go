@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -43,14 +44,7 @@ func buildInfo() (ver, rev, goVersion string) {
 			}
 		}
 	}
-	return cmpOr(ver, "(devel)"), cmpOr(rev, "unknown"), runtime.Version()
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
+	return cmp.Or(ver, "(devel)"), cmp.Or(rev, "unknown"), runtime.Version()
 }
 
 func versionCommand() *command {
