@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/zndraw/joblib/internal/dbtest"
 	"github.com/zndraw/joblib/joblib"
 	"github.com/zndraw/joblib/models"
@@ -29,14 +30,38 @@ import (
 type serverEnv struct {
 	url           string
 	worker, other string // API tokens
+	// sweeps receives the outcome of every sweep (with a sweeper).
+	sweeps chan string
 }
 
-func startServer(t *testing.T, d models.Dialect) serverEnv {
+// liveTimeout is the worker timeout of a server started withSweeper.
+const liveTimeout = 2 * time.Second
+
+func startServer(t *testing.T, d models.Dialect, withSweeper bool) serverEnv {
 	t.Helper()
 	db := dbtest.Open(t, d)
-	svc := joblib.New(joblib.Config{DB: db})
+	st := joblib.DefaultSettings()
+	if withSweeper {
+		st.WorkerTimeout, st.SweeperInterval = liveTimeout, 250*time.Millisecond
+	}
+	svc := joblib.New(joblib.Config{DB: db, Settings: st})
 	if err := svc.Start(context.Background()); err != nil {
 		t.Fatal(err)
+	}
+	sweeps := make(chan string, 1024)
+	if withSweeper {
+		// Its own lock: parallel tests on the shared PostgreSQL each sweep.
+		sw := joblib.NewSweeper(svc, joblib.SweeperConfig{Leader: db.NewSessionLock("sweeper-" + uuid.NewString())})
+		sw.OnSweep(func(ev joblib.SweepEvent) {
+			select {
+			case sweeps <- ev.Outcome:
+			default:
+			}
+		})
+		if err := sw.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(sw.Stop)
 	}
 	api := server.New(svc, server.DefaultConfig(), nil)
 	rcfg := server.DefaultRealtimeConfig()
@@ -52,7 +77,7 @@ func startServer(t *testing.T, d models.Dialect) serverEnv {
 		srv.Close()
 		svc.Close()
 	})
-	e := serverEnv{url: srv.URL}
+	e := serverEnv{url: srv.URL, sweeps: sweeps}
 	var err error
 	if e.worker, _, err = svc.CreateToken(context.Background(), "worker-owner", false); err != nil {
 		t.Fatal(err)
@@ -131,19 +156,43 @@ func expectLine(t *testing.T, lines <-chan string, prefix string, stderr *string
 	}
 }
 
-// The example worker registers its jobs, picks up a task submitted by
-// another user through task_available, completes it with a result the
-// submitter reads back, fails a task whose job raises, and leaves nothing
-// behind on SIGTERM.
+// The example worker registers its jobs, stays alive through its socket
+// alone (it sends no REST heartbeat while connected) for several worker
+// timeouts under a running sweeper, picks up a task submitted by another
+// user through task_available, completes it with a result the submitter
+// reads back, fails a task whose job raises, and leaves nothing behind on
+// SIGTERM.
 func TestPythonWorkerExample(t *testing.T) {
 	t.Parallel()
 	for _, d := range dbtest.Dialects {
 		t.Run(string(d), func(t *testing.T) {
 			t.Parallel()
-			e := startServer(t, d)
-			cmd, lines, stderr := process(t, "/usr/bin/python3", []string{"JOBLIB_URL=" + e.url, "JOBLIB_TOKEN=" + e.worker, "ROOM=examples", "WORKER_TIMEOUT=6"},
+			e := startServer(t, d, true)
+			cmd, lines, stderr := process(t, "/usr/bin/python3", []string{"JOBLIB_URL=" + e.url, "JOBLIB_TOKEN=" + e.worker, "ROOM=examples", "WORKER_TIMEOUT=2"},
 				filepath.Join("python", "worker.py"))
 			wid := expectLine(t, lines, "ready ", stderr)
+
+			// The sweeper acts once it has led for one worker timeout; let it
+			// sweep for two more: a worker without a fresh heartbeat would
+			// be gone.
+			acting := time.Time{}
+			deadline := time.After(30 * time.Second)
+			for acting.IsZero() || time.Since(acting) < 2*liveTimeout {
+				select {
+				case o := <-e.sweeps:
+					if o == joblib.SweepActed {
+						t.Fatalf("the sweeper reaped a worker\n%s", stderr)
+					}
+					if o == joblib.SweepIdle && acting.IsZero() {
+						acting = time.Now()
+					}
+				case <-deadline:
+					t.Fatal("the sweeper did not run")
+				}
+			}
+			if st, ws := e.call(t, "GET", "/workers", e.other, nil); st != 200 || ws["total"] != float64(1) {
+				t.Fatalf("workers after %s of socket-only liveness: %v", 2*liveTimeout, ws)
+			}
 
 			st, jobs := e.call(t, "GET", "/rooms/examples/jobs", e.other, nil)
 			if st != 200 || jobs["total"] != float64(2) {
@@ -207,7 +256,7 @@ func TestBrowserRoomExample(t *testing.T) {
 		t.Fatalf("socket.io-client not installed (scripts/test.sh runs npm ci): %v", err)
 	}
 	roomJS, _ := filepath.Abs(filepath.Join("browser", "room.js"))
-	e := startServer(t, models.SQLite)
+	e := startServer(t, models.SQLite, false)
 	script := `
 import { createRequire } from "node:module";
 const { io } = createRequire(process.env.NODE_MODULES + "/")("socket.io-client");
