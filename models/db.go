@@ -131,17 +131,17 @@ func Open(ctx context.Context, rawURL string, opts OpenOptions) (*DB, error) {
 	dsn := path + "?" + q.Encode()
 	g, err := gorm.Open(sqlite.Open(dsn), gcfg)
 	if err != nil {
-		return nil, fmt.Errorf("open sqlite %q: %w", path, err)
+		return nil, sqliteOpenError(path, err)
 	}
 	sqlDB, err := g.DB()
 	if err != nil {
-		return nil, fmt.Errorf("open sqlite %q: %w", path, err)
+		return nil, sqliteOpenError(path, err)
 	}
 	sqlDB.SetMaxOpenConns(1)
 	sqlDB.SetMaxIdleConns(1)
 	sqlDB.SetConnMaxLifetime(0)
 	if err := sqlDB.PingContext(ctx); err != nil {
-		return nil, fmt.Errorf("open sqlite %q: %w", path, err)
+		return nil, sqliteOpenError(path, err)
 	}
 	return &DB{gorm: g, dialect: SQLite, dsn: rawURL}, nil
 }

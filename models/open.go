@@ -128,3 +128,25 @@ func (db *DB) HasSchema(ctx context.Context) (bool, error) {
 	}
 	return n > 0, nil
 }
+
+// sqliteOpenError says what the operator must fix for the SQLite result
+// codes an open can end with, instead of SQLite's terse text ("out of
+// memory (14)" for a file it cannot open).
+func sqliteOpenError(path string, err error) error {
+	var coded interface{ Code() int }
+	if errors.As(err, &coded) {
+		switch coded.Code() & 0xff { // the primary result code
+		case 5, 6: // SQLITE_BUSY, SQLITE_LOCKED
+			return fmt.Errorf("SQLite database %s is locked by another process (stop it, or use PostgreSQL for several processes): %w", path, err)
+		case 8: // SQLITE_READONLY
+			return fmt.Errorf("SQLite database %s is read-only for this user: %w", path, err)
+		case 11, 26: // SQLITE_CORRUPT, SQLITE_NOTADB
+			return fmt.Errorf("%s is not a usable SQLite database (point JOBLIB_DATABASE_URL at a joblib database or a new file): %w", path, err)
+		case 13: // SQLITE_FULL
+			return fmt.Errorf("SQLite database %s: the disk is full: %w", path, err)
+		case 14: // SQLITE_CANTOPEN
+			return fmt.Errorf("cannot open SQLite database %s: check that its directory exists and this user may write there: %w", path, err)
+		}
+	}
+	return fmt.Errorf("open sqlite %q: %w", path, err)
+}

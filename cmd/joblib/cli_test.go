@@ -213,6 +213,20 @@ func TestDatabaseURLErrors(t *testing.T) {
 		t.Fatalf("missing directory: exit %d\n%s", code, errOut)
 	}
 
+	// A file that is not a SQLite database, and a directory in its place.
+	notDB := filepath.Join(dir, "notes.txt")
+	if err := os.WriteFile(notDB, []byte(strings.Repeat("not a database\n", 100)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errOut = runBin(t, dir, []string{"JOBLIB_DATABASE_URL=" + notDB}, "migrate")
+	if code != 1 || !strings.Contains(errOut, notDB+" is not a usable SQLite database") {
+		t.Fatalf("not a database: exit %d\n%s", code, errOut)
+	}
+	code, _, errOut = runBin(t, dir, []string{"JOBLIB_DATABASE_URL=" + dir}, "migrate")
+	if code != 1 || !strings.Contains(errOut, "is a directory, not a file") {
+		t.Fatalf("a directory: exit %d\n%s", code, errOut)
+	}
+
 	// A directory the user may not write to: as root, run as nobody.
 	base, err := os.MkdirTemp("", "joblib-ro-")
 	if err != nil {
