@@ -31,6 +31,10 @@ type command struct {
 	dflt string
 	// long is extra help text printed after the flags.
 	long string
+	// raw hands every argument to the runFunc of setup unparsed (setup gets
+	// an empty flag set): for a command that parses its own subcommands
+	// and flags. Prefer leaves with flags.
+	raw bool
 }
 
 // runFunc runs a leaf command with its positional arguments.
@@ -123,6 +127,9 @@ func dispatch(ctx context.Context, c *command, path string, args []string, e *cm
 	fs := flag.NewFlagSet(path, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	run := c.setup(fs)
+	if c.raw {
+		return run(ctx, e, args)
+	}
 	var pos []string
 	rest := args
 	for {
