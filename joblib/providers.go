@@ -289,16 +289,20 @@ func ValidRequestHash(h string) bool {
 // superuser), releases the inflight lock, wakes the readers on every node
 // and tells the provider's room. body is read up to
 // ProviderMaxResultBytes; more is a PayloadTooLarge error and stores nothing.
+//
+// The checks run in the order the Python server answers them: the provider
+// is found (404), then its owner checked (403), and only then is the hash's
+// shape validated (422), so a client learns first that its provider is gone.
 func (s *Service) UploadProviderResult(ctx context.Context, p Principal, id uuid.UUID, hash string, body io.Reader) error {
-	if !ValidRequestHash(hash) {
-		return errf(CodeValidation, "X-Request-Hash must be the request's SHA-256 as 64 lowercase hex digits")
-	}
 	prov, err := s.db.Q(ctx).GetProvider(id)
 	if err != nil {
 		return notFound(err, errf(CodeProviderNotFound, "Provider '%s' not found", id))
 	}
 	if prov.UserID != p.ID && !p.Superuser {
 		return errf(CodeForbidden, "Not authorized to upload results for this provider")
+	}
+	if !ValidRequestHash(hash) {
+		return errf(CodeValidation, "X-Request-Hash must be the request's SHA-256 as 64 lowercase hex digits")
 	}
 	st := s.Settings()
 	data, err := io.ReadAll(io.LimitReader(body, st.ProviderMaxResultBytes+1))

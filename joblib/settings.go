@@ -39,6 +39,10 @@ type Settings struct {
 	// ProviderMaxResultBytes caps one uploaded provider result; a larger
 	// upload answers 413 and stores nothing.
 	ProviderMaxResultBytes int64 `env:"PROVIDER_MAX_RESULT_BYTES" envDefault:"16777216"`
+	// TaskMaxResultBytes caps the `result` a worker reports with a task's
+	// completion (PATCH /tasks/{id}); a larger one answers 413 and changes
+	// nothing.
+	TaskMaxResultBytes int64 `env:"TASK_MAX_RESULT_BYTES" envDefault:"1048576"`
 	// InternalWorkers is how many @internal tasks run at once inside the server.
 	InternalWorkers int `env:"INTERNAL_WORKERS" envDefault:"4"`
 	// InternalQueue is how many @internal tasks may wait for a worker; a
@@ -90,6 +94,7 @@ func DefaultSettings() Settings {
 		ProviderLongPollDefault: 5 * time.Second,
 		ProviderLongPollMax:     30 * time.Second,
 		ProviderMaxResultBytes:  16 << 20,
+		TaskMaxResultBytes:      1 << 20,
 		InternalWorkers:         4,
 		InternalQueue:           256,
 		SweepBatchSize:          500,
@@ -122,6 +127,9 @@ func (s Settings) Validate() error {
 	}
 	if s.ProviderMaxResultBytes <= 0 {
 		return fmt.Errorf("JOBLIB_PROVIDER_MAX_RESULT_BYTES must be positive, got %d", s.ProviderMaxResultBytes)
+	}
+	if s.TaskMaxResultBytes <= 0 {
+		return fmt.Errorf("JOBLIB_TASK_MAX_RESULT_BYTES must be positive, got %d", s.TaskMaxResultBytes)
 	}
 	if s.InternalWorkers <= 0 {
 		return fmt.Errorf("JOBLIB_INTERNAL_WORKERS must be positive, got %d", s.InternalWorkers)

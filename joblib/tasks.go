@@ -1,6 +1,7 @@
 package joblib
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"time"
@@ -186,6 +187,28 @@ func (s *Service) WaitTask(ctx context.Context, id uuid.UUID, wait time.Duration
 
 // UpdateTask applies a status transition (PATCH /tasks/{id}).
 func (s *Service) UpdateTask(ctx context.Context, p Principal, id uuid.UUID, status string, errMsg *string) (Task, error) {
+	return s.UpdateTaskResult(ctx, p, id, status, errMsg, nil)
+}
+
+// UpdateTaskResult is UpdateTask with the worker's result: a JSON value
+// stored with a transition to completed (and returned by GetTask as
+// `result`), at most TaskMaxResultBytes once compacted. A result sent with
+// any other status is ignored, as the Python server ignores fields it does
+// not know; JSON null counts as no result.
+func (s *Service) UpdateTaskResult(ctx context.Context, p Principal, id uuid.UUID, status string, errMsg *string, result json.RawMessage) (Task, error) {
+	var stored *string
+	if status == models.StatusCompleted && len(result) > 0 {
+		var buf bytes.Buffer
+		if err := json.Compact(&buf, result); err != nil {
+			return Task{}, errf(CodeValidation, "result must be JSON: %v", err)
+		}
+		if max := s.Settings().TaskMaxResultBytes; int64(buf.Len()) > max {
+			return Task{}, errf(CodePayloadTooLarge, "task result exceeds %d bytes", max)
+		}
+		if r := buf.String(); r != "null" {
+			stored = &r
+		}
+	}
 	if !ValidStatus(status) {
 		return Task{}, errf(CodeValidation, "status must be one of pending, claimed, running, completed, failed, cancelled")
 	}
@@ -225,6 +248,11 @@ func (s *Service) UpdateTask(ctx context.Context, p Principal, id uuid.UUID, sta
 				return err
 			}
 			return errf(CodeInvalidTaskTransition, "Cannot transition from '%s' to '%s'", cur.Status, status)
+		}
+		if stored != nil {
+			if err := q.SetTaskResult(id, *stored); err != nil {
+				return err
+			}
 		}
 		if events.Terminal(status) {
 			orphans, err := q.SoftDeleteOrphanJobs([]uuid.UUID{t.JobID})

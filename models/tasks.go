@@ -147,6 +147,15 @@ func (q *Q) TransitionTask(id uuid.UUID, from, to string, workerID *uuid.UUID, e
 	return res.RowsAffected == 1, nil
 }
 
+// SetTaskResult stores the result a worker reported with the task's
+// completion (compact JSON).
+func (q *Q) SetTaskResult(id uuid.UUID, result string) error {
+	if err := q.g.Exec("UPDATE tasks SET result = ? WHERE id = ?", result, id).Error; err != nil {
+		return fmt.Errorf("store task result: %w", mapErr(err))
+	}
+	return nil
+}
+
 // RetryTask puts a failed task back to pending (operator retry): its worker,
 // timestamps of the failed attempt and error are cleared, its attempt count
 // is kept. ok is false when the task is not failed (any more).

@@ -159,9 +159,27 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // SocketCollector reports the open Socket.IO connections of rt, read at
-// scrape time.
+// scrape time, and its closed connections by reason.
 func SocketCollector(rt *Realtime) prometheus.Collector {
-	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "joblib_socket_connections", Help: "Open Socket.IO connections on this node.",
-	}, func() float64 { return float64(rt.io.NumSockets()) })
+	return socketCollector{
+		open: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "joblib_socket_connections", Help: "Open Socket.IO connections on this node.",
+		}, func() float64 { return float64(rt.io.NumSockets()) }),
+		disconnects: rt.disconnects,
+	}
+}
+
+type socketCollector struct {
+	open        prometheus.GaugeFunc
+	disconnects *prometheus.CounterVec
+}
+
+func (c socketCollector) Describe(ch chan<- *prometheus.Desc) {
+	c.open.Describe(ch)
+	c.disconnects.Describe(ch)
+}
+
+func (c socketCollector) Collect(ch chan<- prometheus.Metric) {
+	c.open.Collect(ch)
+	c.disconnects.Collect(ch)
 }

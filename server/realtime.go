@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/zndraw/joblib/events"
 	"github.com/zndraw/joblib/joblib"
 	"github.com/zndraw/joblib/server/sio"
@@ -63,6 +64,9 @@ type Realtime struct {
 	cfg         RealtimeConfig
 	log         *slog.Logger
 	io          *sio.Server
+	// disconnects counts closed sockets by reason (a fixed set, see
+	// sio.Reason*): "slow consumer" is the one operators alert on.
+	disconnects *prometheus.CounterVec
 
 	mu     sync.Mutex
 	bound  map[uuid.UUID]*sio.Socket // worker -> its socket on this node
@@ -98,6 +102,10 @@ func (s *Server) NewRealtime(cfg RealtimeConfig, log *slog.Logger) *Realtime {
 		svc: s.svc, auth: s.auth, publicReads: s.cfg.PublicReads, cfg: cfg, log: log,
 		bound: map[uuid.UUID]*sio.Socket{}, graces: map[uuid.UUID]*time.Timer{},
 		stop: make(chan struct{}), ctx: ctx, cancel: cancel,
+		disconnects: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "joblib_socket_disconnects_total",
+			Help: "Closed Socket.IO connections on this node by reason (slow consumer, ping timeout, transport error, ...).",
+		}, []string{"reason"}),
 	}
 	rt.io = sio.New(sio.Config{
 		PingInterval:   cfg.PingInterval,
@@ -332,6 +340,7 @@ func errAck(err error) ack {
 // binding: a re-join (here or on another node) moves the epoch on and the
 // cleanup then finds nothing to do.
 func (rt *Realtime) OnDisconnect(s *sio.Socket, reason string) {
+	rt.disconnects.WithLabelValues(reason).Inc()
 	st, _ := s.Data().(*connState)
 	if st == nil {
 		return

@@ -454,8 +454,9 @@ func (s *Server) updateTask(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var b struct {
-		Status *string `json:"status"`
-		Error  *string `json:"error"`
+		Status *string         `json:"status"`
+		Error  *string         `json:"error"`
+		Result json.RawMessage `json:"result"`
 	}
 	if !s.decodeBody(w, r, &b) {
 		return
@@ -464,7 +465,7 @@ func (s *Server) updateTask(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, `field "status" must be one of pending, claimed, running, completed, failed, cancelled`)
 		return
 	}
-	task, err := s.svc.UpdateTask(r.Context(), p, id, *b.Status, b.Error)
+	task, err := s.svc.UpdateTaskResult(r.Context(), p, id, *b.Status, b.Error, b.Result)
 	s.answer(w, r, http.StatusOK, task, err)
 }
 

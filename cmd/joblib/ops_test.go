@@ -157,7 +157,8 @@ func TestSweepCommand(t *testing.T) {
 			}
 
 			out := runCLI(t, url, "workers", "list")
-			if !strings.Contains(out, f.alive.String()) || strings.Contains(out, f.stale[0].String()) {
+			// The owner is shown by name, not by id.
+			if !strings.Contains(out, f.alive.String()) || strings.Contains(out, f.stale[0].String()) || !strings.Contains(out, "  alice  ") {
 				t.Fatalf("workers list:\n%s", out)
 			}
 			out = runCLI(t, url, "tasks", "list", "--status", "failed", "--room", "r")
