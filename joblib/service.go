@@ -33,6 +33,9 @@ type Service struct {
 
 	node        Node
 	fpObservers []func(FalsePositive)
+
+	// touched: token id -> when this process last recorded its use.
+	touched sync.Map
 }
 
 // Config is what a Service is built from.

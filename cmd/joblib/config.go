@@ -72,6 +72,9 @@ func (c Config) validate() error {
 	if c.Realtime.MaxMessageBytes <= 0 || c.Realtime.SendQueue <= 0 {
 		return errors.New("JOBLIB_SOCKET_MAX_MESSAGE_BYTES and JOBLIB_SOCKET_SEND_QUEUE must be positive")
 	}
+	if err := c.Server.Validate(); err != nil {
+		return err
+	}
 	return c.Settings.Validate()
 }
 

@@ -3,6 +3,8 @@
 //	joblib serve                       run the coordinator (default)
 //	joblib migrate                     apply database migrations and exit
 //	joblib token create --user NAME    print a new API token for NAME
+//	joblib token list|revoke           list or revoke API tokens
+//	joblib audit list                  operator and admin actions
 //	joblib sweep [--fix] [--json] [--threshold 90s]
 //	                                   show (or, with --fix, clean) stale workers
 //	joblib workers list [--json]       list workers with their heartbeat age
@@ -11,7 +13,9 @@
 package main
 
 import (
+	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -19,8 +23,12 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
+	"text/tabwriter"
+	"time"
 
+	"github.com/google/uuid"
 	"github.com/zndraw/joblib/joblib"
 	"github.com/zndraw/joblib/models"
 )
@@ -40,8 +48,13 @@ const usage = `usage: joblib <command> [flags]
 commands:
   serve                              run the coordinator (default)
   migrate                            apply database migrations and exit
-  token create --user NAME [--superuser]
+  token create --user NAME [--superuser] [--ttl 720h]
                                      create an API token (and the user if new)
+  token list [--user NAME] [--json]  list tokens: id, user, created, last used,
+                                     expiry, revocation (never the secret)
+  token revoke ID|--user NAME        revoke one token, or every token of a user
+  audit list [--action A] [--limit N] [--json]
+                                     operator and admin actions, newest first
   sweep [--fix] [--json] [--threshold 90s]
                                      dry run by default: print the stale workers a
                                      sweep would clean and why; --fix cleans them
@@ -63,7 +76,7 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil
-	case "serve", "migrate", "token", "sweep", "workers", "tasks":
+	case "serve", "migrate", "token", "sweep", "workers", "tasks", "audit":
 	default:
 		fmt.Fprint(stderr, usage)
 		return fmt.Errorf("unknown command %q", cmd)
@@ -92,7 +105,9 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 		fmt.Fprintf(stdout, "schema at version %d\n", v)
 		return nil
 	case "token":
-		return tokenCmd(ctx, cfg, log, args, stdout, stderr)
+		return tokenCmd(ctx, cfg, log, args, environ, stdout, stderr)
+	case "audit":
+		return auditCmd(ctx, cfg, log, args, stdout, stderr)
 	case "sweep":
 		return sweepCmd(ctx, cfg, log, args, stdout, stderr)
 	case "workers":
@@ -132,32 +147,152 @@ func openDB(ctx context.Context, cfg Config, log *slog.Logger) (*models.DB, erro
 	return db, nil
 }
 
-func tokenCmd(ctx context.Context, cfg Config, log *slog.Logger, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 || args[0] != "create" {
-		return errors.New("usage: joblib token create --user NAME [--superuser]")
+const tokenUsage = "usage: joblib token create --user NAME [--superuser] [--ttl 720h] | joblib token list [--user NAME] [--json] | joblib token revoke ID|--user NAME"
+
+func tokenCmd(ctx context.Context, cfg Config, log *slog.Logger, args []string, environ map[string]string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		return errors.New(tokenUsage)
 	}
-	fs := flag.NewFlagSet("token create", flag.ContinueOnError)
+	actor := "cli:" + cmp.Or(environ["USER"], "operator")
+	switch args[0] {
+	case "create":
+		fs := flag.NewFlagSet("token create", flag.ContinueOnError)
+		fs.SetOutput(stderr)
+		user := fs.String("user", "", "user name (created if new)")
+		super := fs.Bool("superuser", false, "make the user a superuser")
+		ttl := fs.Duration("ttl", 0, "the token expires this long after now (0: never)")
+		if err := fs.Parse(args[1:]); err != nil {
+			return err
+		}
+		if *user == "" {
+			return errors.New("token create: --user is required")
+		}
+		if *ttl < 0 {
+			return errors.New("token create: --ttl must not be negative")
+		}
+		svc, closeFn, err := opsService(ctx, cfg, log)
+		if err != nil {
+			return err
+		}
+		defer closeFn()
+		tok, id, p, err := svc.IssueToken(ctx, joblib.TokenRequest{User: *user, Superuser: *super, TTL: *ttl, Actor: actor})
+		if err != nil {
+			return err
+		}
+		fmt.Fprintln(stdout, tok)
+		log.Info("token created", "token_id", id, "user", p.Name, "user_id", p.ID, "superuser", p.Superuser, "ttl", *ttl)
+		return nil
+	case "list":
+		fs := flag.NewFlagSet("token list", flag.ContinueOnError)
+		fs.SetOutput(stderr)
+		user := fs.String("user", "", "only this user's tokens")
+		asJSON := fs.Bool("json", false, "print JSON")
+		if err := fs.Parse(args[1:]); err != nil {
+			return err
+		}
+		svc, closeFn, err := opsService(ctx, cfg, log)
+		if err != nil {
+			return err
+		}
+		defer closeFn()
+		ts, err := svc.ListTokens(ctx, *user)
+		if err != nil {
+			return fmt.Errorf("token list: %w", err)
+		}
+		if *asJSON {
+			return json.NewEncoder(stdout).Encode(map[string]any{"items": ts})
+		}
+		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "TOKEN ID\tUSER\tNAME\tCREATED\tLAST USED\tEXPIRES\tREVOKED")
+		for _, t := range ts {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.ID, t.User, t.Name, t.CreatedAt.Format(time.RFC3339),
+				fmtTime(t.LastUsed), fmtTime(t.ExpiresAt), fmtTime(t.RevokedAt))
+		}
+		return tw.Flush()
+	case "revoke":
+		fs := flag.NewFlagSet("token revoke", flag.ContinueOnError)
+		fs.SetOutput(stderr)
+		user := fs.String("user", "", "revoke every live token of this user")
+		rest := args[1:]
+		var id string
+		if len(rest) > 0 && !strings.HasPrefix(rest[0], "-") {
+			id, rest = rest[0], rest[1:]
+		}
+		if err := fs.Parse(rest); err != nil {
+			return err
+		}
+		if (id == "") == (*user == "") {
+			return errors.New("token revoke: give a token ID or --user NAME (one of them)")
+		}
+		svc, closeFn, err := opsService(ctx, cfg, log)
+		if err != nil {
+			return err
+		}
+		defer closeFn()
+		if id != "" {
+			tid, err := uuid.Parse(id)
+			if err != nil {
+				return fmt.Errorf("token revoke: %q is not a token id (see joblib token list)", id)
+			}
+			t, err := svc.RevokeToken(ctx, tid, actor)
+			if err != nil {
+				return fmt.Errorf("token revoke: %w", err)
+			}
+			fmt.Fprintf(stdout, "revoked token %s of user %s\n", t.ID, t.User)
+			return nil
+		}
+		ids, err := svc.RevokeUserTokens(ctx, *user, actor)
+		if err != nil {
+			return fmt.Errorf("token revoke: %w", err)
+		}
+		fmt.Fprintf(stdout, "revoked %d token(s) of user %s\n", len(ids), *user)
+		return nil
+	}
+	return errors.New(tokenUsage)
+}
+
+func auditCmd(ctx context.Context, cfg Config, log *slog.Logger, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || args[0] != "list" {
+		return errors.New("usage: joblib audit list [--action A] [--limit N] [--json]")
+	}
+	fs := flag.NewFlagSet("audit list", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	user := fs.String("user", "", "user name (created if new)")
-	super := fs.Bool("superuser", false, "make the user a superuser")
+	action := fs.String("action", "", "only entries of this action (task_retry, token_create, token_revoke, job_policy_change, task_status_override)")
+	limit := fs.Int("limit", 100, "at most this many entries, newest first")
+	asJSON := fs.Bool("json", false, "print JSON")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
-	if *user == "" {
-		return errors.New("token create: --user is required")
+	if *limit < 1 {
+		return errors.New("audit list: --limit must be positive")
 	}
-	db, err := openDB(ctx, cfg, log)
+	svc, closeFn, err := opsService(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
-	defer db.Close()
-	svc := joblib.New(joblib.Config{DB: db, Logger: log, Settings: cfg.Settings})
-	defer svc.Close()
-	tok, p, err := svc.CreateToken(ctx, *user, *super)
+	defer closeFn()
+	es, err := svc.ListAudit(ctx, *action, *limit)
 	if err != nil {
-		return err
+		return fmt.Errorf("audit list: %w", err)
 	}
-	fmt.Fprintln(stdout, tok)
-	log.Info("token created", "user", p.Name, "user_id", p.ID, "superuser", p.Superuser)
-	return nil
+	if *asJSON {
+		return json.NewEncoder(stdout).Encode(map[string]any{"items": es})
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "TIME\tACTION\tACTOR\tSUBJECT\tDETAIL")
+	for _, e := range es {
+		subj := "-"
+		if e.SubjectID != nil {
+			subj = e.SubjectID.String()
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", e.CreatedAt.Format(time.RFC3339), e.Action, e.Actor, subj, e.Detail)
+	}
+	return tw.Flush()
+}
+
+func fmtTime(t *time.Time) string {
+	if t == nil {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339)
 }
