@@ -46,6 +46,9 @@ func (s *Service) RegisterProvider(ctx context.Context, p Principal, room string
 	if err := validateText("content_type", r.ContentType, maxCategoryLen); err != nil {
 		return Provider{}, false, err
 	}
+	if err := validateAddressable("provider", room, r.Category, r.Name, "info"); err != nil {
+		return Provider{}, false, err
+	}
 	st := s.Settings()
 	if len(st.AllowedProviderCategories) > 0 && !st.AllowedProviderCategories.Contains(r.Category) {
 		return Provider{}, false, errf(CodeInvalidCategory, "Provider category '%s' not in allowed list: %s", r.Category, st.AllowedProviderCategories.pyList())

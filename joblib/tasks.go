@@ -211,6 +211,16 @@ func (s *Service) UpdateTask(ctx context.Context, p Principal, id uuid.UUID, sta
 		if !allowed(t.Status, status) {
 			return errf(CodeInvalidTaskTransition, "Cannot transition from '%s' to '%s'", t.Status, status)
 		}
+		if t.WorkerID == nil && (status == models.StatusClaimed || status == models.StatusRunning) {
+			// Nothing would ever finish, fail or reap such a task: only a
+			// worker's claim (POST /tasks/claim) makes a task claimed.
+			return errf(CodeInvalidTaskTransition, "Cannot transition from '%s' to '%s': the task has no worker (workers claim tasks with POST /tasks/claim)", t.Status, status)
+		}
+		if p.Superuser {
+			if err := auditOverride(q, p, t, status); err != nil {
+				return err
+			}
+		}
 		ok, err := q.TransitionTask(id, t.Status, status, nil, errMsg)
 		if err != nil {
 			return err
@@ -296,6 +306,23 @@ func (s *Service) authorizeUpdate(q *models.Q, p Principal, t models.Task, statu
 		return errf(CodeForbidden, "Not authorized to update this task")
 	}
 	return nil
+}
+
+// auditOverride records a superuser's status change of a task that no
+// worker of theirs holds (an admin action, not a worker's report).
+func auditOverride(q *models.Q, p Principal, t models.Task, status string) error {
+	if t.WorkerID != nil {
+		w, err := q.GetWorker(*t.WorkerID)
+		if err != nil && !isNotFound(err) {
+			return err
+		}
+		if err == nil && w.UserID == p.ID {
+			return nil
+		}
+	}
+	return audit(q, AuditTaskStatus, &t.ID, "user:"+p.Name, map[string]any{
+		"user_id": p.ID, "from": t.Status, "to": status, "worker_id": t.WorkerID, "job": t.JobFullName(),
+	})
 }
 
 // TaskListParams filter a task listing.
