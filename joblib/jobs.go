@@ -71,6 +71,11 @@ func (s *Service) RegisterJob(ctx context.Context, p Principal, room string, r R
 	err = s.mutate(ctx, func(q *models.Q, em *events.Set) error {
 		// The worker first (lock order worker → job, as in CleanupWorker);
 		// its error is reported after the job's, in the contract's order.
+		if r.WorkerID == nil {
+			if err := s.checkQuota(q, p, models.UsageWorkers, false); err != nil {
+				return err
+			}
+		}
 		w, werr := workerFor(q, p, r.WorkerID)
 		if werr != nil && !IsCode(werr, CodeWorkerNotFound) {
 			return werr

@@ -62,6 +62,11 @@ func (s *Service) RegisterProvider(ctx context.Context, p Principal, room string
 		contentType = DefaultContentType
 	}
 	err = s.mutate(ctx, func(q *models.Q, em *events.Set) error {
+		if r.WorkerID == nil {
+			if err := s.checkQuota(q, p, models.UsageWorkers, false); err != nil {
+				return err
+			}
+		}
 		w, err := workerFor(q, p, r.WorkerID)
 		if err != nil {
 			return err
@@ -75,6 +80,11 @@ func (s *Service) RegisterProvider(ctx context.Context, p Principal, room string
 				return errf(CodeWorkerNotFound, "Worker '%s' not found or not owned by user", w.ID)
 			}
 			return err
+		}
+		if inserted {
+			if err := s.checkQuota(q, p, models.UsageProviders, true); err != nil {
+				return err
+			}
 		}
 		cur, err := q.ProviderByKey(room, r.Category, r.Name, true)
 		if err != nil {

@@ -65,6 +65,12 @@ type Settings struct {
 	// AuditRetention is how long cleanup_events and audit_log rows are kept;
 	// the sweeper deletes older ones. 0 keeps them forever.
 	AuditRetention time.Duration `env:"AUDIT_RETENTION" envDefault:"720h"`
+
+	// Per-user quotas (0 = unlimited; superusers are exempt): past them a
+	// creation answers 429 quota-exceeded.
+	UserMaxWorkers      int `env:"USER_MAX_WORKERS" envDefault:"1000"`
+	UserMaxProviders    int `env:"USER_MAX_PROVIDERS" envDefault:"1000"`
+	UserMaxPendingTasks int `env:"USER_MAX_PENDING_TASKS" envDefault:"10000"`
 }
 
 // DefaultSettings returns the documented defaults.
@@ -85,6 +91,9 @@ func DefaultSettings() Settings {
 		SweepBatchSize:          500,
 		SweepCapMinWorkers:      10,
 		AuditRetention:          720 * time.Hour,
+		UserMaxWorkers:          1000,
+		UserMaxProviders:        1000,
+		UserMaxPendingTasks:     10000,
 	}
 }
 
@@ -127,6 +136,9 @@ func (s Settings) Validate() error {
 	}
 	if s.AuditRetention < 0 {
 		return fmt.Errorf("JOBLIB_AUDIT_RETENTION must not be negative, got %s", s.AuditRetention)
+	}
+	if s.UserMaxWorkers < 0 || s.UserMaxProviders < 0 || s.UserMaxPendingTasks < 0 {
+		return fmt.Errorf("JOBLIB_USER_MAX_WORKERS, JOBLIB_USER_MAX_PROVIDERS and JOBLIB_USER_MAX_PENDING_TASKS must not be negative (0 = unlimited)")
 	}
 	if len(s.AllowedCategories) == 0 {
 		return fmt.Errorf("JOBLIB_ALLOWED_CATEGORIES must name at least one category")

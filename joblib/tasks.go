@@ -62,6 +62,11 @@ func (s *Service) SubmitTask(ctx context.Context, p Principal, room, fullName st
 		if err != nil {
 			return err
 		}
+		if j.RoomID != RoomInternal {
+			if err := s.checkQuota(q, p, models.UsagePendingTasks, false); err != nil {
+				return err
+			}
+		}
 		status := models.StatusPending
 		if j.RoomID == RoomInternal {
 			var ok bool

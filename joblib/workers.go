@@ -9,8 +9,17 @@ import (
 )
 
 // CreateWorker registers a new worker for the caller.
+// It answers 429 quota-exceeded past JOBLIB_USER_MAX_WORKERS.
 func (s *Service) CreateWorker(ctx context.Context, p Principal) (Worker, error) {
-	w, err := s.db.Q(ctx).InsertWorker(p.ID)
+	var w models.Worker
+	err := s.db.Tx(ctx, func(q *models.Q) error {
+		if err := s.checkQuota(q, p, models.UsageWorkers, false); err != nil {
+			return err
+		}
+		var err error
+		w, err = q.InsertWorker(p.ID)
+		return err
+	})
 	if err != nil {
 		return Worker{}, err
 	}

@@ -172,3 +172,45 @@ func (q *Q) TouchAPIToken(id uuid.UUID, minAge time.Duration) error {
 	}
 	return nil
 }
+
+// LockUser serialises the quota checks of one user's creations on
+// PostgreSQL (SQLite serialises every writing transaction anyway). The lock
+// does not block inserts that merely reference the user.
+func (q *Q) LockUser(id uuid.UUID) error {
+	if q.d != Postgres {
+		return nil
+	}
+	var got []uuid.UUID
+	if err := q.g.Raw("SELECT id FROM users WHERE id = ? FOR NO KEY UPDATE", id).Scan(&got).Error; err != nil {
+		return fmt.Errorf("lock user: %w", mapErr(err))
+	}
+	return nil
+}
+
+// Usage kinds counted by CountUsage.
+const (
+	UsageWorkers      = "workers"
+	UsageProviders    = "providers"
+	UsagePendingTasks = "pending_tasks"
+)
+
+// CountUsage counts a user's workers, providers or pending tasks, stopping
+// at upTo (a quota check needs no more).
+func (q *Q) CountUsage(userID uuid.UUID, kind string, upTo int) (int64, error) {
+	var sub string
+	switch kind {
+	case UsageWorkers:
+		sub = "SELECT 1 FROM workers WHERE user_id = ? LIMIT ?"
+	case UsageProviders:
+		sub = "SELECT 1 FROM providers WHERE user_id = ? LIMIT ?"
+	case UsagePendingTasks:
+		sub = "SELECT 1 FROM tasks WHERE created_by_id = ? AND status = 'pending' LIMIT ?"
+	default:
+		return 0, fmt.Errorf("count usage: unknown kind %q", kind)
+	}
+	var n int64
+	if err := q.g.Raw("SELECT count(*) FROM ("+sub+") AS u", userID, upTo).Scan(&n).Error; err != nil {
+		return 0, fmt.Errorf("count %s: %w", kind, mapErr(err))
+	}
+	return n, nil
+}
