@@ -59,6 +59,7 @@ func DefaultRealtimeConfig() RealtimeConfig {
 type Realtime struct {
 	svc         *joblib.Service
 	auth        *authenticator
+	rooms       *roomAuth // nil without JOBLIB_ROOM_AUTH_URL
 	publicReads bool
 	cfg         RealtimeConfig
 	log         *slog.Logger
@@ -79,7 +80,8 @@ type Realtime struct {
 // connState is what a socket carries: who it is, and the workers it bound.
 type connState struct {
 	p       joblib.Principal
-	anon    bool // connected without credentials under PublicReads: rooms only
+	token   string // the credential, forwarded to the room authorization host
+	anon    bool   // connected without credentials under PublicReads: rooms only
 	mu      sync.Mutex
 	workers map[uuid.UUID]int64 // worker -> session epoch of this binding
 }
@@ -95,7 +97,7 @@ func (s *Server) NewRealtime(cfg RealtimeConfig, log *slog.Logger) *Realtime {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	rt := &Realtime{
-		svc: s.svc, auth: s.auth, publicReads: s.cfg.PublicReads, cfg: cfg, log: log,
+		svc: s.svc, auth: s.auth, rooms: s.rooms, publicReads: s.cfg.PublicReads, cfg: cfg, log: log,
 		bound: map[uuid.UUID]*sio.Socket{}, graces: map[uuid.UUID]*time.Timer{},
 		stop: make(chan struct{}), ctx: ctx, cancel: cancel,
 	}
@@ -184,7 +186,7 @@ func (rt *Realtime) OnConnect(ctx context.Context, s *sio.Socket, req *http.Requ
 		rt.log.Error("authenticate socket", "err", err)
 		return connectError{"Authentication unavailable"}
 	}
-	s.SetData(&connState{p: p, workers: map[uuid.UUID]int64{}})
+	s.SetData(&connState{p: p, token: token, workers: map[uuid.UUID]int64{}})
 	return nil
 }
 
@@ -252,7 +254,12 @@ func (rt *Realtime) handle(ctx context.Context, s *sio.Socket, st *connState, ev
 			s.Leave(room)
 			return ack{OK: true}
 		}
-		return rt.joinAsWorker(ctx, s, st, *body.WorkerID, room, func() error { return rt.svc.CheckJob(ctx, *body.JobName) })
+		return rt.joinAsWorker(ctx, s, st, *body.WorkerID, room, func() error {
+			if err := rt.roomAccess(ctx, st, *body.JobName); err != nil {
+				return err
+			}
+			return rt.svc.CheckJob(ctx, *body.JobName)
+		})
 	case "join_provider_room", "leave_provider_room":
 		if body.ProviderName == nil || body.WorkerID == nil {
 			return ack{Status: 422, Detail: "provider_name and worker_id are required"}
@@ -262,7 +269,12 @@ func (rt *Realtime) handle(ctx context.Context, s *sio.Socket, st *connState, ev
 			s.Leave(room)
 			return ack{OK: true}
 		}
-		return rt.joinAsWorker(ctx, s, st, *body.WorkerID, room, func() error { return rt.svc.CheckProvider(ctx, st.p, *body.ProviderName) })
+		return rt.joinAsWorker(ctx, s, st, *body.WorkerID, room, func() error {
+			if err := rt.roomAccess(ctx, st, *body.ProviderName); err != nil {
+				return err
+			}
+			return rt.svc.CheckProvider(ctx, st.p, *body.ProviderName)
+		})
 	case "join_room", "leave_room":
 		if body.RoomID == nil {
 			return ack{Status: 422, Detail: "room_id is required"}
@@ -272,9 +284,14 @@ func (rt *Realtime) handle(ctx context.Context, s *sio.Socket, st *connState, ev
 		}
 		if ev.Name == "leave_room" {
 			s.Leave(events.Room(*body.RoomID))
-		} else {
-			s.Join(events.Room(*body.RoomID))
+			return ack{OK: true}
 		}
+		if rt.rooms != nil {
+			if err := rt.rooms.check(ctx, st.p, st.token, *body.RoomID, accessRead); err != nil {
+				return errAck(err)
+			}
+		}
+		s.Join(events.Room(*body.RoomID))
 		return ack{OK: true}
 	}
 	return ack{Status: 404, Detail: fmt.Sprintf("unknown event %q", ev.Name)}
@@ -320,9 +337,26 @@ func (rt *Realtime) joinAsWorker(ctx context.Context, s *sio.Socket, st *connSta
 	return ack{OK: true}
 }
 
+// roomAccess asks the room authorization host (when configured) whether the
+// socket's caller may read the room of a job or provider it joins as a
+// worker.
+func (rt *Realtime) roomAccess(ctx context.Context, st *connState, fullName string) error {
+	if rt.rooms == nil {
+		return nil
+	}
+	room, _, _, ok := joblib.SplitFullName(fullName)
+	if !ok || joblib.ValidateRoomID(room) != nil {
+		return nil // not found by the existence check that follows
+	}
+	return rt.rooms.check(ctx, st.p, st.token, room, accessRead)
+}
+
 func errAck(err error) ack {
 	if e, ok := joblib.AsError(err); ok {
 		return ack{Status: newProblem(e.Code, e.Detail).Status, Detail: e.Detail}
+	}
+	if errors.Is(err, errRoomAuthUnavailable) {
+		return ack{Status: 503, Detail: "Room authorization service unavailable"}
 	}
 	return ack{Status: 500, Detail: "internal error"}
 }
