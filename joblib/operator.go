@@ -25,6 +25,10 @@ const (
 	// AuditTaskStatus: a superuser changed the status of a task held by
 	// another user's worker (or by none).
 	AuditTaskStatus = "task_status_override"
+	// AuditWorkerDelete: a superuser deleted another user's worker.
+	AuditWorkerDelete = "worker_delete_override"
+	// AuditProviderDelete: a superuser unregistered another user's provider.
+	AuditProviderDelete = "provider_delete_override"
 )
 
 // audit writes one audit_log row with a JSON detail.

@@ -188,6 +188,11 @@ func (s *Service) DeleteProvider(ctx context.Context, p Principal, id uuid.UUID)
 		if _, err := q.DeleteProvider(id); err != nil {
 			return notFound(err, gone)
 		}
+		if cur.UserID != p.ID {
+			if err := audit(q, AuditProviderDelete, &id, "user:"+p.Name, map[string]any{"user_id": p.ID, "owner_id": cur.UserID, "provider": cur.FullName()}); err != nil {
+				return err
+			}
+		}
 		em.Add(events.Room(cur.RoomID), events.ProvidersInvalidate{})
 		return nil
 	})

@@ -129,3 +129,23 @@ func TestRegisteredNamesAreFetchable(t *testing.T) {
 		}
 	})
 }
+
+// A superuser deleting another user's worker or provider is audited; owners
+// deleting their own are not.
+func TestAdminDeletesAreAudited(t *testing.T) {
+	t.Parallel()
+	each(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		mine := e.do(e.alice, "POST", api+"/workers", nil).want(201).M()["id"].(string)
+		e.do(e.alice, "DELETE", api+"/workers/"+mine, nil).want(204)
+		w := e.do(e.alice, "POST", api+"/workers", nil).want(201).M()["id"].(string)
+		prov := e.provider(e.alice, "room", "data", "P", map[string]any{"worker_id": w})
+		e.do(e.admin, "DELETE", api+"/providers/"+prov, nil).want(204)
+		e.do(e.admin, "DELETE", api+"/workers/"+w, nil).want(204)
+		wa, _ := e.svc.ListAudit(ctx, joblib.AuditWorkerDelete, 10)
+		pa, _ := e.svc.ListAudit(ctx, joblib.AuditProviderDelete, 10)
+		if len(wa) != 1 || wa[0].SubjectID.String() != w || wa[0].Actor != "user:admin" || len(pa) != 1 || pa[0].SubjectID.String() != prov {
+			t.Fatalf("audit %+v %+v", wa, pa)
+		}
+	})
+}

@@ -461,6 +461,24 @@ func (s *Server) getTask(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	if s.rooms != nil {
+		// The task's room is only known from the task.
+		t, err := s.svc.GetTask(r.Context(), id)
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		var p joblib.Principal
+		if tokenFrom(r) != "" {
+			var ok bool
+			if p, ok = s.principal(w, r); !ok {
+				return
+			}
+		}
+		if !s.roomAccess(w, r, p, t.RoomID, accessRead) {
+			return
+		}
+	}
 	wait, _ := parsePreferWait(r.Header.Get("Prefer"))
 	task, effective, waited, err := s.svc.WaitTask(r.Context(), id, wait)
 	if err != nil {

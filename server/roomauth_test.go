@@ -19,9 +19,10 @@ import (
 // "open" allows everything, "ro" allows reads only, "slow" never answers in
 // time, anything else is refused. It records every question.
 type roomHost struct {
-	srv *httptest.Server
-	mu  sync.Mutex
-	got []roomQuestion
+	srv   *httptest.Server
+	mu    sync.Mutex
+	got   []roomQuestion
+	admin string // this bearer token may use every room but "slow"
 }
 
 type roomQuestion struct {
@@ -42,6 +43,7 @@ func newRoomHost(t *testing.T) *roomHost {
 		q.Auth = r.Header.Get("Authorization")
 		h.mu.Lock()
 		h.got = append(h.got, q)
+		admin := h.admin != "" && q.Auth == "Bearer "+h.admin
 		h.mu.Unlock()
 		switch {
 		case q.RoomID == "slow":
@@ -49,7 +51,7 @@ func newRoomHost(t *testing.T) *roomHost {
 			case <-r.Context().Done():
 			case <-time.After(5 * time.Second):
 			}
-		case q.RoomID == "open", q.RoomID == "ro" && q.Access == "read":
+		case q.RoomID == "open", q.RoomID == "ro" && q.Access == "read", admin:
 			w.WriteHeader(http.StatusNoContent)
 		default:
 			http.Error(w, "no", http.StatusForbidden)
@@ -63,6 +65,17 @@ func (h *roomHost) questions() []roomQuestion {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return append([]roomQuestion(nil), h.got...)
+}
+
+// countBy counts the questions about room asked with token.
+func (h *roomHost) countBy(token, room, access string) int {
+	n := 0
+	for _, q := range h.questions() {
+		if q.RoomID == room && q.Access == access && q.Auth == "Bearer "+token {
+			n++
+		}
+	}
+	return n
 }
 
 func (h *roomHost) count(room, access string) int {
@@ -93,6 +106,9 @@ func TestRoomAuthDelegatedToHost(t *testing.T) {
 		ra.Timeout = 300 * time.Millisecond
 		ra.CacheTTL = time.Minute
 		e := roomAuthEnv(t, db, ra)
+		host.mu.Lock()
+		host.admin = e.admin
+		host.mu.Unlock()
 		alice, err := e.svc.AuthenticateToken(context.Background(), e.alice)
 		if err != nil {
 			t.Fatal(err)
@@ -139,10 +155,16 @@ func TestRoomAuthDelegatedToHost(t *testing.T) {
 				t.Fatalf("asked about %s", q.RoomID)
 			}
 		}
+		// A task is read with read access to its room.
+		lockedTask := e.submit(e.admin, "@global", "open:modifiers:J", nil)
+		e.do(e.alice, "GET", api+"/tasks/"+lockedTask, nil).want(200)
+		hidden := e.do(e.admin, "POST", api+"/rooms/locked/tasks/open:modifiers:J", map[string]any{"payload": map[string]any{}}).want(202).M()["id"].(string)
+		e.do(e.alice, "GET", api+"/tasks/"+hidden, nil).problem(403, "forbidden")
+		e.do(e.alice, "GET", api+"/tasks/"+hidden, nil, "Prefer: wait=1").problem(403, "forbidden")
 		if n := e.total(api + "/rooms/open/tasks"); n != 1 {
 			t.Fatalf("%d tasks", n)
 		}
-		if host.count("open", "read") != 2 || host.count("locked", "write") != 1 { // alice's, and the admin's listing above
+		if host.countBy(e.alice, "open", "read") != 1 || host.countBy(e.alice, "locked", "write") != 1 || host.countBy(e.alice, "locked", "read") != 1 {
 			t.Fatalf("answers not cached: %+v", host.questions())
 		}
 
