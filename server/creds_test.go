@@ -256,3 +256,32 @@ func jwtAlg(secret string, claims map[string]any, alg string) string {
 	mac.Write([]byte(msg))
 	return msg + "." + enc.EncodeToString(mac.Sum(nil))
 }
+
+// Revoking a token also ends the sockets it opened: the socket is
+// disconnected within the credential cache time and the worker it kept
+// alive goes through the disconnect cleanup.
+func TestRevocationEndsSockets(t *testing.T) {
+	t.Parallel()
+	cfg := server.DefaultConfig()
+	cfg.CredentialCacheTTL = 200 * time.Millisecond
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		e := setup(t, db, withServer(cfg), withRealtime(realtimeCfg()))
+		ctx := context.Background()
+		job := e.registerJob(e.alice, "r1", "modifiers", "Rot")
+		wid := job["worker_id"].(string)
+		c := mustDialSIO(t, e.url, e.alice)
+		c.mustCall("join_job_room", map[string]any{"job_name": "r1:modifiers:Rot", "worker_id": wid})
+		b := mustDialSIO(t, e.url, e.bob)
+		b.mustCall("join_room", map[string]any{"room_id": "r1"})
+		if _, err := e.svc.RevokeUserTokens(ctx, "alice", "cli:test"); err != nil {
+			t.Fatal(err)
+		}
+		// Past the grace the worker is gone, and it stays gone although its
+		// owner's socket kept heartbeats fresh until the revocation.
+		waitFor(t, 15*time.Second, func() bool { return e.total(api+"/workers") == 0 })
+		if n := e.rt.IO().NumSockets(); n != 1 {
+			t.Fatalf("%d sockets, want bob's only", n)
+		}
+		b.mustCall("join_room", map[string]any{"room_id": "r2"})
+	})
+}

@@ -67,6 +67,7 @@ type Realtime struct {
 
 	mu     sync.Mutex
 	bound  map[uuid.UUID]*sio.Socket // worker -> its socket on this node
+	authed map[*sio.Socket]struct{}  // sockets that connected with a credential
 	graces map[uuid.UUID]*time.Timer // worker -> pending disconnect cleanup
 	closed bool
 
@@ -98,7 +99,7 @@ func (s *Server) NewRealtime(cfg RealtimeConfig, log *slog.Logger) *Realtime {
 	ctx, cancel := context.WithCancel(context.Background())
 	rt := &Realtime{
 		svc: s.svc, auth: s.auth, rooms: s.rooms, publicReads: s.cfg.PublicReads, cfg: cfg, log: log,
-		bound: map[uuid.UUID]*sio.Socket{}, graces: map[uuid.UUID]*time.Timer{},
+		bound: map[uuid.UUID]*sio.Socket{}, graces: map[uuid.UUID]*time.Timer{}, authed: map[*sio.Socket]struct{}{},
 		stop: make(chan struct{}), ctx: ctx, cancel: cancel,
 	}
 	rt.io = sio.New(sio.Config{
@@ -122,6 +123,7 @@ func (rt *Realtime) IO() *sio.Server { return rt.io }
 func (rt *Realtime) Start() {
 	rt.unsub = rt.svc.Bus().Subscribe(rt.deliver)
 	rt.wg.Go(rt.keepAlive)
+	rt.wg.Go(rt.recheckCredentials)
 }
 
 // Shutdown closes every connection and stops the loops. Pending disconnect
@@ -187,6 +189,9 @@ func (rt *Realtime) OnConnect(ctx context.Context, s *sio.Socket, req *http.Requ
 		return connectError{"Authentication unavailable"}
 	}
 	s.SetData(&connState{p: p, token: token, workers: map[uuid.UUID]int64{}})
+	rt.mu.Lock()
+	rt.authed[s] = struct{}{}
+	rt.mu.Unlock()
 	return nil
 }
 
@@ -366,6 +371,9 @@ func errAck(err error) ack {
 // binding: a re-join (here or on another node) moves the epoch on and the
 // cleanup then finds nothing to do.
 func (rt *Realtime) OnDisconnect(s *sio.Socket, reason string) {
+	rt.mu.Lock()
+	delete(rt.authed, s)
+	rt.mu.Unlock()
 	st, _ := s.Data().(*connState)
 	if st == nil {
 		return
@@ -413,6 +421,47 @@ func (rt *Realtime) expire(wid uuid.UUID, epoch int64) {
 	}
 	if res.Cleaned == 0 {
 		rt.log.Debug("worker re-attached within grace; kept", "worker", wid)
+	}
+}
+
+// recheckCredentials disconnects the sockets whose credential stopped
+// authenticating (revoked, expired, user deactivated), once per credential
+// cache period, so that a revocation also ends open connections (and with
+// them the heartbeats they keep fresh) on every node. Most checks are
+// answered by the credential cache.
+func (rt *Realtime) recheckCredentials() {
+	every := rt.auth.cache.ttl
+	if every <= 0 {
+		every = DefaultCredentialCacheTTL
+	}
+	every = max(every, 100*time.Millisecond)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-rt.stop:
+			return
+		case <-t.C:
+		}
+		rt.mu.Lock()
+		socks := make([]*sio.Socket, 0, len(rt.authed))
+		for s := range rt.authed {
+			socks = append(socks, s)
+		}
+		rt.mu.Unlock()
+		for _, s := range socks {
+			st, _ := s.Data().(*connState)
+			if st == nil || st.anon {
+				continue
+			}
+			ctx, cancel := context.WithTimeout(rt.ctx, 5*time.Second)
+			_, err := rt.auth.authenticate(ctx, st.token)
+			cancel()
+			if errors.Is(err, joblib.ErrUnauthorized) {
+				rt.log.Info("socket credential no longer valid; disconnecting", "socket", s.ID(), "user", st.p.Name, "err", err)
+				s.Disconnect()
+			}
+		}
 	}
 }
 
