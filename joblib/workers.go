@@ -75,7 +75,7 @@ func (s *Service) DeleteWorker(ctx context.Context, p Principal, id uuid.UUID) (
 		// Someone else's cleanup won the race; to the caller it is gone.
 		return res, s.workerGone(id)
 	}
-	if w.UserID != p.ID {
+	if p.ID != w.UserID { // a superuser removed another user's worker
 		err := s.db.Tx(ctx, func(q *models.Q) error {
 			return audit(q, AuditWorkerDelete, &id, "user:"+p.Name, map[string]any{"user_id": p.ID, "owner_id": w.UserID,
 				"tasks_failed": res.TasksFailed, "tasks_requeued": res.TasksRequeued})
