@@ -46,6 +46,9 @@ func (s *Service) RegisterProvider(ctx context.Context, p Principal, room string
 	if err := validateText("content_type", r.ContentType, maxCategoryLen); err != nil {
 		return Provider{}, false, err
 	}
+	if err := validateAddressable("provider", room, r.Category, r.Name, "info"); err != nil {
+		return Provider{}, false, err
+	}
 	st := s.Settings()
 	if len(st.AllowedProviderCategories) > 0 && !st.AllowedProviderCategories.Contains(r.Category) {
 		return Provider{}, false, errf(CodeInvalidCategory, "Provider category '%s' not in allowed list: %s", r.Category, st.AllowedProviderCategories.pyList())
@@ -59,6 +62,11 @@ func (s *Service) RegisterProvider(ctx context.Context, p Principal, room string
 		contentType = DefaultContentType
 	}
 	err = s.mutate(ctx, func(q *models.Q, em *events.Set) error {
+		if r.WorkerID == nil {
+			if err := s.checkQuota(q, p, models.UsageWorkers, false); err != nil {
+				return err
+			}
+		}
 		w, err := workerFor(q, p, r.WorkerID)
 		if err != nil {
 			return err
@@ -72,6 +80,11 @@ func (s *Service) RegisterProvider(ctx context.Context, p Principal, room string
 				return errf(CodeWorkerNotFound, "Worker '%s' not found or not owned by user", w.ID)
 			}
 			return err
+		}
+		if inserted {
+			if err := s.checkQuota(q, p, models.UsageProviders, true); err != nil {
+				return err
+			}
 		}
 		cur, err := q.ProviderByKey(room, r.Category, r.Name, true)
 		if err != nil {
@@ -174,6 +187,11 @@ func (s *Service) DeleteProvider(ctx context.Context, p Principal, id uuid.UUID)
 		}
 		if _, err := q.DeleteProvider(id); err != nil {
 			return notFound(err, gone)
+		}
+		if cur.UserID != p.ID {
+			if err := audit(q, AuditProviderDelete, &id, "user:"+p.Name, map[string]any{"user_id": p.ID, "owner_id": cur.UserID, "provider": cur.FullName()}); err != nil {
+				return err
+			}
 		}
 		em.Add(events.Room(cur.RoomID), events.ProvidersInvalidate{})
 		return nil

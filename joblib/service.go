@@ -34,6 +34,9 @@ type Service struct {
 	node        Node
 	fpObservers []func(FalsePositive)
 	pruneObs    []func(status string, n int64)
+
+	// touched: token id -> when this process last recorded its use.
+	touched sync.Map
 }
 
 // Config is what a Service is built from.

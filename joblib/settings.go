@@ -79,6 +79,11 @@ type Settings struct {
 	// TaskRetentionBatch is how many tasks one retention statement deletes
 	// (1..10000); a pass runs at most taskPruneMaxBatches of them.
 	TaskRetentionBatch int `env:"TASK_RETENTION_BATCH" envDefault:"1000"`
+	// Per-user quotas (0 = unlimited; superusers are exempt): past them a
+	// creation answers 429 quota-exceeded.
+	UserMaxWorkers      int `env:"USER_MAX_WORKERS" envDefault:"1000"`
+	UserMaxProviders    int `env:"USER_MAX_PROVIDERS" envDefault:"1000"`
+	UserMaxPendingTasks int `env:"USER_MAX_PENDING_TASKS" envDefault:"10000"`
 }
 
 // DefaultSettings returns the documented defaults.
@@ -103,6 +108,9 @@ func DefaultSettings() Settings {
 		TaskRetentionCompleted:  24 * time.Hour,
 		TaskRetentionFailed:     168 * time.Hour,
 		TaskRetentionBatch:      1000,
+		UserMaxWorkers:          1000,
+		UserMaxProviders:        1000,
+		UserMaxPendingTasks:     10000,
 	}
 }
 
@@ -157,6 +165,9 @@ func (s Settings) Validate() error {
 	}
 	if s.TaskRetentionBatch < 1 || s.TaskRetentionBatch > models.MaxPruneBatch {
 		return fmt.Errorf("JOBLIB_TASK_RETENTION_BATCH must be between 1 and %d, got %d", models.MaxPruneBatch, s.TaskRetentionBatch)
+	}
+	if s.UserMaxWorkers < 0 || s.UserMaxProviders < 0 || s.UserMaxPendingTasks < 0 {
+		return fmt.Errorf("JOBLIB_USER_MAX_WORKERS, JOBLIB_USER_MAX_PROVIDERS and JOBLIB_USER_MAX_PENDING_TASKS must not be negative (0 = unlimited)")
 	}
 	if len(s.AllowedCategories) == 0 {
 		return fmt.Errorf("JOBLIB_ALLOWED_CATEGORIES must name at least one category")

@@ -63,6 +63,11 @@ func (s *Service) SubmitTask(ctx context.Context, p Principal, room, fullName st
 		if err != nil {
 			return err
 		}
+		if j.RoomID != RoomInternal {
+			if err := s.checkQuota(q, p, models.UsagePendingTasks, false); err != nil {
+				return err
+			}
+		}
 		status := models.StatusPending
 		if j.RoomID == RoomInternal {
 			var ok bool
@@ -234,6 +239,16 @@ func (s *Service) UpdateTaskResult(ctx context.Context, p Principal, id uuid.UUI
 		if !allowed(t.Status, status) {
 			return errf(CodeInvalidTaskTransition, "Cannot transition from '%s' to '%s'", t.Status, status)
 		}
+		if t.WorkerID == nil && (status == models.StatusClaimed || status == models.StatusRunning) {
+			// Nothing would ever finish, fail or reap such a task: only a
+			// worker's claim (POST /tasks/claim) makes a task claimed.
+			return errf(CodeInvalidTaskTransition, "Cannot transition from '%s' to '%s': the task has no worker (workers claim tasks with POST /tasks/claim)", t.Status, status)
+		}
+		if p.Superuser {
+			if err := auditOverride(q, p, t, status); err != nil {
+				return err
+			}
+		}
 		ok, err := q.TransitionTask(id, t.Status, status, nil, errMsg)
 		if err != nil {
 			return err
@@ -324,6 +339,23 @@ func (s *Service) authorizeUpdate(q *models.Q, p Principal, t models.Task, statu
 		return errf(CodeForbidden, "Not authorized to update this task")
 	}
 	return nil
+}
+
+// auditOverride records a superuser's status change of a task that no
+// worker of theirs holds (an admin action, not a worker's report).
+func auditOverride(q *models.Q, p Principal, t models.Task, status string) error {
+	if t.WorkerID != nil {
+		w, err := q.GetWorker(*t.WorkerID)
+		if err != nil && !isNotFound(err) {
+			return err
+		}
+		if err == nil && w.UserID == p.ID {
+			return nil
+		}
+	}
+	return audit(q, AuditTaskStatus, &t.ID, "user:"+p.Name, map[string]any{
+		"user_id": p.ID, "from": t.Status, "to": status, "worker_id": t.WorkerID, "job": t.JobFullName(),
+	})
 }
 
 // TaskListParams filter a task listing.

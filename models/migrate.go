@@ -319,6 +319,26 @@ ALTER TABLE tasks ADD COLUMN result TEXT;
 `,
 	},
 	{
+		version: 20,
+		name:    "credentials: token expiry and revocation, job creators, quota indexes",
+		postgres: `
+ALTER TABLE api_tokens ADD COLUMN expires_at timestamptz;
+ALTER TABLE api_tokens ADD COLUMN revoked_at timestamptz;
+CREATE INDEX api_tokens_user_idx ON api_tokens (user_id);
+ALTER TABLE jobs ADD COLUMN created_by_id uuid REFERENCES users(id) ON DELETE SET NULL;
+CREATE INDEX tasks_creator_pending_idx ON tasks (created_by_id) WHERE status = 'pending';
+CREATE INDEX providers_user_idx ON providers (user_id);
+`,
+		sqlite: `
+ALTER TABLE api_tokens ADD COLUMN expires_at TEXT;
+ALTER TABLE api_tokens ADD COLUMN revoked_at TEXT;
+CREATE INDEX api_tokens_user_idx ON api_tokens (user_id);
+ALTER TABLE jobs ADD COLUMN created_by_id TEXT REFERENCES users(id) ON DELETE SET NULL;
+CREATE INDEX tasks_creator_pending_idx ON tasks (created_by_id) WHERE status = 'pending';
+CREATE INDEX providers_user_idx ON providers (user_id);
+`,
+	},
+	{
 		version: 60,
 		name:    "task retention index",
 		// Retention deletes finished tasks by (status, completed_at) in

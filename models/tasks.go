@@ -216,3 +216,18 @@ func (q *Q) ListAudit(subject uuid.UUID) ([]AuditEntry, error) {
 	}
 	return es, nil
 }
+
+// ListAuditLog returns up to limit audit log entries, newest first,
+// optionally only those of one action.
+func (q *Q) ListAuditLog(action string, limit int) ([]AuditEntry, error) {
+	where, args := "", []any{}
+	if action != "" {
+		where, args = " WHERE action = ?", append(args, action)
+	}
+	var es []AuditEntry
+	err := q.g.Raw("SELECT id, action, subject_id, actor, detail, created_at FROM audit_log"+where+" ORDER BY seq DESC LIMIT ?", append(args, limit)...).Scan(&es).Error
+	if err != nil {
+		return nil, fmt.Errorf("read audit log: %w", mapErr(err))
+	}
+	return es, nil
+}

@@ -20,8 +20,10 @@ type command struct {
 	summary string // one line, shown in the parent's listing
 	// args is the synopsis of the positional arguments, e.g. "ID".
 	args string
-	// nargs is the exact number of positional arguments a leaf takes.
-	nargs int
+	// nargs is the exact number of positional arguments a leaf takes (the
+	// most it takes when optional is set).
+	nargs    int
+	optional bool
 	// setup declares the leaf's flags on fs and returns the function that
 	// runs the command once they are parsed. Flags and positional
 	// arguments may be given in any order.
@@ -147,7 +149,7 @@ func dispatch(ctx context.Context, c *command, path string, args []string, e *cm
 		pos = append(pos, rest[0])
 		rest = rest[1:]
 	}
-	if len(pos) != c.nargs {
+	if len(pos) != c.nargs && !(c.optional && len(pos) < c.nargs) {
 		if c.nargs == 0 {
 			return e.usageErr(path, "unexpected argument %q", pos[0])
 		}

@@ -93,7 +93,7 @@ func (c Config) validate() error {
 	if c.Realtime.MaxMessageBytes <= 0 || c.Realtime.SendQueue <= 0 {
 		return errors.New("JOBLIB_SOCKET_MAX_MESSAGE_BYTES and JOBLIB_SOCKET_SEND_QUEUE must be positive")
 	}
-	return nil
+	return c.Server.Validate()
 }
 
 // validateListenAddr accepts host:port with a numeric port (host may be

@@ -158,3 +158,45 @@ func TestConfigKeepAliveFollowsWorkerTimeout(t *testing.T) {
 		t.Fatalf("keep-alive equal to the worker timeout: %v, want an error naming the variable", err)
 	}
 }
+
+// The credential, room authorization and quota variables are read, have
+// their documented defaults, and bad values stop start-up naming the
+// variable.
+func TestConfigCredentials(t *testing.T) {
+	t.Parallel()
+	def, err := loadConfig(map[string]string{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, st := def.Server, def.Settings
+	if s.JWTAudience != "fastapi-users:auth" || s.JWTAlgorithm != "HS256" || s.JWTLeeway != 30*time.Second || s.CredentialCacheTTL != 5*time.Second ||
+		s.RoomAuth.URL != "" || s.RoomAuth.Timeout != 2*time.Second || s.RoomAuth.CacheTTL != 5*time.Second || s.RoomAuth.CacheSize != 10000 || s.RoomAuth.FailOpen ||
+		st.UserMaxWorkers != 1000 || st.UserMaxProviders != 1000 || st.UserMaxPendingTasks != 10000 {
+		t.Fatalf("defaults %+v %+v", s, st)
+	}
+	cfg, err := loadConfig(map[string]string{
+		"JOBLIB_JWT_AUDIENCE": "aud", "JOBLIB_JWT_ISSUER": "iss", "JOBLIB_JWT_ALGORITHM": "HS512", "JOBLIB_JWT_SUPERUSER_CLAIM": "is_superuser",
+		"JOBLIB_ALLOWED_ORIGINS": "app.example.com,*.example.org", "JOBLIB_ROOM_AUTH_URL": "http://host/rooms", "JOBLIB_ROOM_AUTH_FAIL_OPEN": "true",
+		"JOBLIB_ROOM_AUTH_CACHE_TTL": "1s", "JOBLIB_USER_MAX_WORKERS": "0", "JOBLIB_CREDENTIAL_CACHE_TTL": "0s",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s = cfg.Server
+	if s.JWTAudience != "aud" || s.JWTIssuer != "iss" || s.JWTAlgorithm != "HS512" || s.JWTSuperuserClaim != "is_superuser" ||
+		!reflect.DeepEqual(s.AllowedOrigins, []string{"app.example.com", "*.example.org"}) || s.RoomAuth.URL != "http://host/rooms" ||
+		!s.RoomAuth.FailOpen || s.RoomAuth.CacheTTL != time.Second || cfg.Settings.UserMaxWorkers != 0 || s.CredentialCacheTTL != 0 {
+		t.Fatalf("parsed %+v", s)
+	}
+	for name, val := range map[string]string{
+		"JOBLIB_JWT_ALGORITHM":          "RS256",
+		"JOBLIB_ROOM_AUTH_URL":          "ftp://x",
+		"JOBLIB_USER_MAX_PENDING_TASKS": "-1",
+		"JOBLIB_JWT_LEEWAY":             "1h",
+		"JOBLIB_CREDENTIAL_CACHE_TTL":   "-1s",
+	} {
+		if _, err := loadConfig(map[string]string{name: val}); err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s=%s: %v", name, val, err)
+		}
+	}
+}

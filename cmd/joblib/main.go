@@ -45,6 +45,7 @@ func root() *command {
 			serveCommand(),
 			migrateCommand(),
 			tokenCommand(),
+			auditCommand(),
 			sweepCommand(),
 			workersCommand(),
 			tasksCommand(),

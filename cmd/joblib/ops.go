@@ -108,6 +108,9 @@ type opsEnv struct {
 
 func (o opsEnv) stdout() io.Writer { return o.env.stdout }
 
+// actor names the operator for the audit log.
+func (o opsEnv) actor() string { return "cli:" + cmp.Or(o.env.environ["USER"], "operator") }
+
 // service opens the database and builds a service; call the returned
 // function when done.
 func (o opsEnv) service(ctx context.Context) (*joblib.Service, func(), error) {
@@ -115,33 +118,150 @@ func (o opsEnv) service(ctx context.Context) (*joblib.Service, func(), error) {
 }
 
 func tokenCommand() *command {
+	revoke := opsCommand("revoke", "revoke one token, or with --user every live token of a user", func(fs *flag.FlagSet) func(context.Context, opsEnv) error {
+		user := fs.String("user", "", "revoke every live token of user `NAME`")
+		return func(ctx context.Context, o opsEnv) error {
+			id := ""
+			if len(o.args) > 0 {
+				id = o.args[0]
+			}
+			if (id == "") == (*user == "") {
+				return o.env.usageErr("joblib token revoke", "give a token ID or --user NAME (one of them)")
+			}
+			var tid uuid.UUID
+			if id != "" {
+				var err error
+				if tid, err = uuid.Parse(id); err != nil {
+					return o.env.usageErr("joblib token revoke", "%q is not a token id (see joblib token list)", id)
+				}
+			}
+			svc, closeFn, err := o.service(ctx)
+			if err != nil {
+				return err
+			}
+			defer closeFn()
+			if id != "" {
+				t, err := svc.RevokeToken(ctx, tid, o.actor())
+				if err != nil {
+					return fmt.Errorf("token revoke: %w", err)
+				}
+				fmt.Fprintf(o.stdout(), "revoked token %s of user %s\n", t.ID, t.User)
+				return nil
+			}
+			ids, err := svc.RevokeUserTokens(ctx, *user, o.actor())
+			if err != nil {
+				return fmt.Errorf("token revoke: %w", err)
+			}
+			fmt.Fprintf(o.stdout(), "revoked %d token(s) of user %s\n", len(ids), *user)
+			return nil
+		}
+	})
+	revoke.args, revoke.nargs, revoke.optional = "[ID]", 1, true
 	return &command{
 		name:    "token",
-		summary: "manage API tokens",
+		summary: "manage API tokens: create, list, revoke",
 		subs: []*command{
 			opsCommand("create", "create an API token (and the user if new) and print it", func(fs *flag.FlagSet) func(context.Context, opsEnv) error {
 				user := fs.String("user", "", "user `NAME` (created if new); required")
 				super := fs.Bool("superuser", false, "make the user a superuser")
+				ttl := fs.Duration("ttl", 0, "the token expires this long after now, e.g. 720h (0: never)")
 				return func(ctx context.Context, o opsEnv) error {
 					if *user == "" {
 						return o.env.usageErr("joblib token create", "--user is required")
+					}
+					if *ttl < 0 {
+						return o.env.usageErr("joblib token create", "--ttl must not be negative")
 					}
 					svc, closeFn, err := o.service(ctx)
 					if err != nil {
 						return err
 					}
 					defer closeFn()
-					tok, p, err := svc.CreateToken(ctx, *user, *super)
+					tok, id, p, err := svc.IssueToken(ctx, joblib.TokenRequest{User: *user, Superuser: *super, TTL: *ttl, Actor: o.actor()})
 					if err != nil {
 						return err
 					}
 					fmt.Fprintln(o.stdout(), tok)
-					o.log.Info("token created", "user", p.Name, "user_id", p.ID, "superuser", p.Superuser)
+					o.log.Info("token created", "token_id", id, "user", p.Name, "user_id", p.ID, "superuser", p.Superuser, "ttl", *ttl)
 					return nil
+				}
+			}),
+			opsCommand("list", "list tokens: id, user, created, last used, expiry, revocation (never the secret)", func(fs *flag.FlagSet) func(context.Context, opsEnv) error {
+				user := fs.String("user", "", "only the tokens of user `NAME`")
+				asJSON := fs.Bool("json", false, "print JSON")
+				return func(ctx context.Context, o opsEnv) error {
+					svc, closeFn, err := o.service(ctx)
+					if err != nil {
+						return err
+					}
+					defer closeFn()
+					ts, err := svc.ListTokens(ctx, *user)
+					if err != nil {
+						return fmt.Errorf("token list: %w", err)
+					}
+					if *asJSON {
+						return json.NewEncoder(o.stdout()).Encode(map[string]any{"items": ts})
+					}
+					tw := tabwriter.NewWriter(o.stdout(), 0, 4, 2, ' ', 0)
+					fmt.Fprintln(tw, "TOKEN ID\tUSER\tNAME\tCREATED\tLAST USED\tEXPIRES\tREVOKED")
+					for _, t := range ts {
+						fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.ID, t.User, t.Name, t.CreatedAt.Format(time.RFC3339),
+							fmtTime(t.LastUsed), fmtTime(t.ExpiresAt), fmtTime(t.RevokedAt))
+					}
+					return tw.Flush()
+				}
+			}),
+			revoke,
+		},
+	}
+}
+
+func auditCommand() *command {
+	return &command{
+		name:    "audit",
+		summary: "operator and admin actions",
+		subs: []*command{
+			opsCommand("list", "list audited actions, newest first", func(fs *flag.FlagSet) func(context.Context, opsEnv) error {
+				action := fs.String("action", "", "only entries of this action (task_retry, token_create, token_revoke, job_policy_change, task_status_override, worker_delete_override, provider_delete_override)")
+				limit := fs.Int("limit", 100, "at most `N` entries")
+				asJSON := fs.Bool("json", false, "print JSON")
+				return func(ctx context.Context, o opsEnv) error {
+					if *limit < 1 {
+						return o.env.usageErr("joblib audit list", "--limit must be positive")
+					}
+					svc, closeFn, err := o.service(ctx)
+					if err != nil {
+						return err
+					}
+					defer closeFn()
+					es, err := svc.ListAudit(ctx, *action, *limit)
+					if err != nil {
+						return fmt.Errorf("audit list: %w", err)
+					}
+					if *asJSON {
+						return json.NewEncoder(o.stdout()).Encode(map[string]any{"items": es})
+					}
+					tw := tabwriter.NewWriter(o.stdout(), 0, 4, 2, ' ', 0)
+					fmt.Fprintln(tw, "TIME\tACTION\tACTOR\tSUBJECT\tDETAIL")
+					for _, e := range es {
+						subj := "-"
+						if e.SubjectID != nil {
+							subj = e.SubjectID.String()
+						}
+						fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", e.CreatedAt.Format(time.RFC3339), e.Action, e.Actor, subj, e.Detail)
+					}
+					return tw.Flush()
 				}
 			}),
 		},
 	}
+}
+
+func fmtTime(t *time.Time) string {
+	if t == nil {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339)
 }
 
 // sweepWorker is one worker in `joblib sweep` output.
