@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"strconv"
 	"sync"
 	"time"
@@ -19,7 +18,7 @@ import (
 type client struct {
 	srv  *Server
 	conn *engineio.Conn
-	req  *http.Request // what OnConnect may read of the handshake
+	hs   *handshake // what OnConnect may read of the handshake
 
 	// partial is the binary packet waiting for attachments. Only OnMessage
 	// touches it, and the engine serialises OnMessage calls.
@@ -92,6 +91,7 @@ func (c *client) connectTimedOut() {
 	connecting := false
 	for _, s := range c.socks {
 		if s.isConnected() {
+			c.connectTimer = nil // armed again when the last namespace is left
 			c.mu.Unlock()
 			return
 		}
@@ -124,7 +124,11 @@ func (c *client) detachLocked(sock *Socket, d time.Duration) bool {
 		if s == sock {
 			c.socks = append(c.socks[:i], c.socks[i+1:]...)
 			if len(c.socks) == 0 && !c.gone {
-				c.connectTimer.Reset(d)
+				if c.connectTimer == nil {
+					c.connectTimer = time.AfterFunc(d, c.connectTimedOut)
+				} else {
+					c.connectTimer.Reset(d)
+				}
 			}
 			return true
 		}
@@ -392,7 +396,7 @@ func (c *client) runConnect(sock *Socket, auth json.RawMessage) {
 	if sock.isGone() {
 		return
 	}
-	err := sock.ns.handler().OnConnect(sock.ctx, sock, c.req, auth)
+	err := sock.ns.handler().OnConnect(sock.ctx, sock, c.hs.request(), auth)
 	if err != nil {
 		sock.gone()
 		c.mu.Lock()

@@ -229,7 +229,7 @@ func (n *Namespace) NumSockets() int { return int(n.nsockets.Load()) }
 type engineHandler struct{ srv *Server }
 
 func (e engineHandler) OnOpen(conn *engineio.Conn, r *http.Request) error {
-	c := &client{srv: e.srv, conn: conn, req: keepRequest(r, e.srv.cfg.KeepHeaders)}
+	c := &client{srv: e.srv, conn: conn, hs: keepHandshake(r, e.srv.cfg.KeepHeaders)}
 	conn.SetData(c)
 	c.mu.Lock()
 	c.connectTimer = time.AfterFunc(e.srv.cfg.ConnectTimeout, c.connectTimedOut)
@@ -259,23 +259,24 @@ func (e engineHandler) OnClose(conn *engineio.Conn, reason string) {
 	}
 }
 
-// keepRequest copies what Handler.OnConnect may need from the handshake
-// request, so that the session does not keep the request (and all of its
+// handshake is what Handler.OnConnect may need of the request that opened
+// the session; the session does not keep the request (nor most of its
 // headers) for its lifetime.
-func keepRequest(r *http.Request, keep []string) *http.Request {
-	u := &url.URL{Path: strings.Clone(r.URL.Path)}
-	if len(r.URL.RawQuery) <= 2048 {
-		u.RawQuery = strings.Clone(r.URL.RawQuery)
+type handshake struct {
+	method, proto, host, remote, path, query string
+	headers                                  []string // name, value, name, value...
+}
+
+func keepHandshake(r *http.Request, keep []string) *handshake {
+	h := &handshake{
+		method: r.Method, proto: r.Proto, host: strings.Clone(r.Host), remote: strings.Clone(r.RemoteAddr),
+		path: strings.Clone(r.URL.Path),
 	}
-	kr := &http.Request{
-		Method: r.Method, URL: u, Proto: r.Proto, ProtoMajor: r.ProtoMajor, ProtoMinor: r.ProtoMinor,
-		Host: strings.Clone(r.Host), RemoteAddr: strings.Clone(r.RemoteAddr), RequestURI: "",
+	if len(r.URL.RawQuery) <= 2048 {
+		h.query = strings.Clone(r.URL.RawQuery)
 	}
 	for _, k := range keep {
 		vs := r.Header.Values(k)
-		if len(vs) == 0 {
-			continue
-		}
 		size := 0
 		for _, v := range vs {
 			size += len(v)
@@ -283,19 +284,24 @@ func keepRequest(r *http.Request, keep []string) *http.Request {
 		if size > maxKeptHeaderBytes {
 			continue
 		}
-		if kr.Header == nil {
-			kr.Header = make(http.Header, len(keep))
+		for _, v := range vs {
+			h.headers = append(h.headers, http.CanonicalHeaderKey(k), strings.Clone(v))
 		}
-		cp := make([]string, len(vs))
-		for i, v := range vs {
-			cp[i] = strings.Clone(v)
-		}
-		kr.Header[http.CanonicalHeaderKey(k)] = cp
 	}
-	if kr.Header == nil {
-		kr.Header = http.Header{}
+	return h
+}
+
+// request rebuilds a request for OnConnect (a fresh copy for each call).
+func (h *handshake) request() *http.Request {
+	r := &http.Request{
+		Method: h.method, Proto: h.proto, Host: h.host, RemoteAddr: h.remote,
+		URL: &url.URL{Path: h.path, RawQuery: h.query}, Header: make(http.Header, len(h.headers)/2),
 	}
-	return kr
+	r.ProtoMajor, r.ProtoMinor, _ = http.ParseHTTPVersion(h.proto)
+	for i := 0; i+1 < len(h.headers); i += 2 {
+		r.Header[h.headers[i]] = append(r.Header[h.headers[i]], h.headers[i+1])
+	}
+	return r
 }
 
 // tracker counts handler goroutines so that Shutdown can wait for them.

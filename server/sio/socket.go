@@ -36,7 +36,8 @@ type Socket struct {
 	accepted bool                // OnConnect succeeded
 	finished bool                // OnDisconnect called
 	held     []*engineio.Message // output produced while OnConnect runs
-	rooms    map[string]struct{}
+	rooms    map[string]struct{} // joined rooms, not the own room
+	ownRoom  bool                // in the room named by its id
 	acks     map[uint64]chan []json.RawMessage
 	nextAck  uint64
 	data     any
@@ -83,10 +84,17 @@ func (s *Socket) Join(room string) error {
 	if s.state == sockGone {
 		return nil
 	}
+	if room == s.id {
+		if !s.ownRoom {
+			s.ownRoom = true
+			s.ns.rooms.joinOwn(s)
+		}
+		return nil
+	}
 	if _, ok := s.rooms[room]; ok {
 		return nil
 	}
-	if len(s.rooms) >= s.c.srv.cfg.MaxRooms {
+	if s.roomCountLocked() >= s.c.srv.cfg.MaxRooms {
 		s.c.srv.cfg.OnReject(LimitRooms)
 		return ErrTooManyRooms
 	}
@@ -98,10 +106,23 @@ func (s *Socket) Join(room string) error {
 	return nil
 }
 
+func (s *Socket) roomCountLocked() int {
+	n := len(s.rooms)
+	if s.ownRoom {
+		n++
+	}
+	return n
+}
+
 // Leave removes the socket from room.
 func (s *Socket) Leave(room string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if room == s.id && s.ownRoom {
+		s.ownRoom = false
+		s.ns.rooms.leaveOwn(s)
+		return
+	}
 	if _, ok := s.rooms[room]; !ok {
 		return
 	}
@@ -114,9 +135,12 @@ func (s *Socket) Leave(room string) {
 func (s *Socket) Rooms() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	rooms := make([]string, 0, len(s.rooms))
+	rooms := make([]string, 0, s.roomCountLocked())
 	for r := range s.rooms {
 		rooms = append(rooms, r)
+	}
+	if s.ownRoom {
+		rooms = append(rooms, s.id)
 	}
 	slices.Sort(rooms)
 	return rooms
@@ -300,12 +324,9 @@ func (s *Socket) accept() {
 	s.state = sockConnected
 	// SendAll does not close the session on overflow (it would take s.mu).
 	err := s.c.conn.SendAll(msgs)
-	if err == nil {
-		if s.rooms == nil {
-			s.rooms = make(map[string]struct{}, 1)
-		}
-		s.rooms[s.id] = struct{}{}
-		s.ns.rooms.join(s.id, s)
+	if err == nil && !s.ownRoom {
+		s.ownRoom = true
+		s.ns.rooms.joinOwn(s)
 	}
 	s.mu.Unlock()
 	if errors.Is(err, engineio.ErrSlowConsumer) {
@@ -325,12 +346,15 @@ func (s *Socket) goneAfter(last *engineio.Message) error {
 	}
 	sendLast := last != nil && s.state == sockConnected
 	s.state = sockGone
-	rooms := s.rooms
-	s.rooms = nil
+	rooms, own := s.rooms, s.ownRoom
+	s.rooms, s.ownRoom = nil, false
 	s.held = nil
 	s.acks = nil
 	s.mu.Unlock()
 	s.ns.rooms.leaveAll(rooms, s)
+	if own {
+		s.ns.rooms.leaveOwn(s)
+	}
 	s.cancel()
 	if sendLast {
 		return mapSendErr(s.c.conn.Send(last))

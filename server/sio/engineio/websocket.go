@@ -21,7 +21,7 @@ import (
 // larger reads and writes bypass them.
 const (
 	wsReadBuffer  = 512
-	wsWriteBuffer = 1024
+	wsWriteBuffer = 512
 )
 
 // smallBuffers makes the Hijack of a websocket handshake return small
@@ -212,14 +212,33 @@ func (c *Conn) readLoop(ws *websocket.Conn) {
 			c.closeFor(err)
 			return
 		}
-		c.inMu.Lock()
-		err = c.handlePacket(p)
-		c.inMu.Unlock()
+		if p.Type == wire.EIOMessage {
+			err = c.handleOffStack(p)
+		} else {
+			c.inMu.Lock()
+			err = c.handlePacket(p)
+			c.inMu.Unlock()
+		}
 		if err != nil {
 			c.closeFor(err)
 			return
 		}
 	}
+}
+
+// handleOffStack hands a message to Handler.OnMessage on a short-lived
+// goroutine and waits for it. Decoding a message (JSON, reflection) needs
+// deep stacks; run on the reader, it would grow the reader's stack for the
+// connection's lifetime, and an idle connection would pay for its busiest
+// moment.
+func (c *Conn) handleOffStack(p wire.EIOPacket) error {
+	done := make(chan error, 1)
+	go func() {
+		c.inMu.Lock()
+		defer c.inMu.Unlock()
+		done <- c.handlePacket(p)
+	}()
+	return <-done
 }
 
 func readErrorReason(err error) string {
