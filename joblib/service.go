@@ -30,6 +30,7 @@ type Service struct {
 	observers []CleanupObserver
 	runner    *internalRunner
 	cache     ResultCache
+	rates     rateLimits
 
 	node        Node
 	fpObservers []func(FalsePositive)
@@ -63,7 +64,7 @@ func New(cfg Config) *Service {
 	cfg.Settings.ProviderMaxResultBytes = cmp.Or(cfg.Settings.ProviderMaxResultBytes, def.ProviderMaxResultBytes)
 	cfg.Settings.InternalWorkers = cmp.Or(cfg.Settings.InternalWorkers, def.InternalWorkers)
 	if cfg.ResultCache == nil {
-		cfg.ResultCache = DefaultResultCache(cfg.DB, cfg.Logger)
+		cfg.ResultCache = DefaultResultCache(cfg.DB, cfg.Logger, cfg.Settings.ResultCacheBudget())
 	}
 	s := &Service{
 		db:       cfg.DB,
@@ -74,6 +75,7 @@ func New(cfg Config) *Service {
 		draining: make(chan struct{}),
 		internal: map[string]InternalJob{},
 		cache:    cfg.ResultCache,
+		rates:    newRateLimits(cfg.Settings),
 	}
 	s.runner = newInternalRunner(s)
 	s.node = cfg.Node
@@ -124,14 +126,14 @@ func (s *Service) ResultCache() ResultCache { return s.cache }
 
 // DefaultResultCache picks the cache for a database: PostgreSQL's (shared by
 // every node) or, for SQLite and a nil db, one in this process's memory.
-func DefaultResultCache(db *models.DB, log *slog.Logger) ResultCache {
+func DefaultResultCache(db *models.DB, log *slog.Logger, budget ResultCacheBudget) ResultCache {
 	if db != nil && db.Dialect() == models.Postgres {
-		c, err := models.NewPGResultCache(db, models.PGResultCacheConfig{Logger: log.With("component", "resultcache")})
+		c, err := NewPGResultCache(db, PGResultCacheConfig{Logger: log.With("component", "resultcache"), Budget: budget})
 		if err == nil {
 			return c
 		}
 	}
-	return NewMemoryResultCache()
+	return NewMemoryResultCache(budget)
 }
 
 // DB is the database the service runs on.
