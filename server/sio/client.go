@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/zndraw/joblib/internal/jsonguard"
 	"github.com/zndraw/joblib/server/sio/engineio"
 	"github.com/zndraw/joblib/server/sio/wire"
 )
@@ -261,7 +262,7 @@ func (c *client) reject(sock *Socket, pkt wire.SIOPacket, limit string) error {
 
 // complete delivers an event or ack whose attachments (if any) have all arrived.
 func (c *client) complete(sock *Socket, pkt wire.SIOPacket, atts [][]byte) error {
-	if err := wire.CheckDepth(pkt.Data, c.srv.cfg.MaxDepth); err != nil {
+	if err := jsonguard.Depth(pkt.Data, c.srv.cfg.MaxDepth); err != nil {
 		return c.reject(sock, pkt, LimitDepth)
 	}
 	if atts != nil {

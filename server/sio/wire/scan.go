@@ -1,34 +1,6 @@
 package wire
 
-import (
-	"errors"
-	"fmt"
-	"strconv"
-)
-
-// ErrTooDeep is wrapped by CheckDepth's error.
-var ErrTooDeep = errors.New("JSON nested too deeply")
-
-// CheckDepth reports an error wrapping ErrTooDeep when arrays and objects in
-// data nest deeper than max levels ("[]" is one level). It reads data once,
-// skipping strings, and does not otherwise validate it.
-func CheckDepth(data []byte, max int) error {
-	depth := 0
-	for i := 0; i < len(data); i++ {
-		switch data[i] {
-		case '"':
-			i = skipString(data, i)
-		case '[', '{':
-			depth++
-			if depth > max {
-				return fmt.Errorf("check depth: %w (more than %d levels)", ErrTooDeep, max)
-			}
-		case ']', '}':
-			depth--
-		}
-	}
-	return nil
-}
+import "strconv"
 
 // skipString returns the index of the quote closing the string opened at i
 // (or len(data)-1 if it is not closed).
