@@ -1,6 +1,7 @@
 package sio
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -119,17 +120,19 @@ func (c *client) socketLocked(ns string) *Socket {
 }
 
 // detachLocked removes sock; with no socket left the connect timeout runs
-// again (after d). Callers hold mu. It reports whether sock was attached.
+// again (after d; d == 0 leaves a running timeout alone, so that refused
+// CONNECTs never extend it). Callers hold mu. It reports whether sock was
+// attached.
 func (c *client) detachLocked(sock *Socket, d time.Duration) bool {
 	for i, s := range c.socks {
 		if s == sock {
 			c.socks = append(c.socks[:i], c.socks[i+1:]...)
-			if len(c.socks) == 0 && !c.gone {
-				if c.connectTimer == nil {
-					c.connectTimer = time.AfterFunc(d, c.connectTimedOut)
-				} else {
-					c.connectTimer.Reset(d)
-				}
+			switch {
+			case len(c.socks) > 0 || c.gone:
+			case c.connectTimer == nil:
+				c.connectTimer = time.AfterFunc(cmp.Or(d, c.srv.cfg.ConnectTimeout), c.connectTimedOut)
+			case d > 0:
+				c.connectTimer.Reset(d)
 			}
 			return true
 		}
@@ -141,8 +144,14 @@ func (c *client) onSIO(data []byte) error {
 	if c.partial != nil {
 		return fmt.Errorf("handle message: %w: text packet while waiting for attachments", wire.ErrInvalidPacket)
 	}
+	// Depth first, in one pass: nothing below may recurse into a deep payload.
+	tooDeep := jsonguard.Depth(data, c.srv.cfg.MaxDepth) != nil
 	pkt, err := wire.DecodeSIO(data)
 	if err != nil {
+		if tooDeep {
+			c.srv.cfg.OnReject(LimitDepth)
+			return limitError{limit: LimitDepth, reason: ReasonTooDeep}
+		}
 		return fmt.Errorf("handle message: %w", err)
 	}
 	nsp := c.srv.Namespace(pkt.Namespace)
@@ -200,6 +209,8 @@ func (c *client) onSIO(data []byte) error {
 		if pkt.Attachments > 0 {
 			p := &partialPacket{pkt: pkt, sock: sock, remaining: pkt.Attachments, bytes: int64(len(data))}
 			switch {
+			case tooDeep:
+				p.reject = LimitDepth
 			case pkt.Attachments > cfg.MaxAttachments:
 				p.reject = LimitAttachments
 			case p.bytes > cfg.MaxEventBytes:
@@ -210,7 +221,10 @@ func (c *client) onSIO(data []byte) error {
 			c.partial = p
 			return nil
 		}
-		if int64(len(data)) > cfg.MaxEventBytes {
+		switch {
+		case tooDeep:
+			return c.reject(sock, pkt, LimitDepth)
+		case int64(len(data)) > cfg.MaxEventBytes:
 			return c.reject(sock, pkt, LimitEventBytes)
 		}
 		return c.complete(sock, pkt, nil)
@@ -262,9 +276,6 @@ func (c *client) reject(sock *Socket, pkt wire.SIOPacket, limit string) error {
 
 // complete delivers an event or ack whose attachments (if any) have all arrived.
 func (c *client) complete(sock *Socket, pkt wire.SIOPacket, atts [][]byte) error {
-	if err := jsonguard.Depth(pkt.Data, c.srv.cfg.MaxDepth); err != nil {
-		return c.reject(sock, pkt, LimitDepth)
-	}
 	if atts != nil {
 		if err := wire.CheckPlaceholders(pkt.Data, len(atts)); err != nil {
 			return fmt.Errorf("handle message: %w", err)
@@ -401,7 +412,7 @@ func (c *client) runConnect(sock *Socket, auth json.RawMessage) {
 	if err != nil {
 		sock.gone()
 		c.mu.Lock()
-		c.detachLocked(sock, c.srv.cfg.ConnectTimeout)
+		c.detachLocked(sock, 0)
 		c.mu.Unlock()
 		body := map[string]any{"message": err.Error()}
 		var withData interface{ Data() any }

@@ -103,9 +103,13 @@ func (h *testHandler) OnEvent(ctx context.Context, s *Socket, ev Event, ack AckF
 			_ = ack(vals...)
 		}
 	case "join":
-		s.Join(str(0))
+		err := s.Join(str(0))
 		if ack != nil {
-			_ = ack("joined")
+			if err != nil {
+				_ = ack(err.Error())
+			} else {
+				_ = ack("joined")
+			}
 		}
 	case "broadcast": // ["broadcast", room, payload]
 		var payload any
@@ -166,7 +170,7 @@ func testConfig() Config {
 	return Config{
 		PingInterval:   300 * time.Millisecond,
 		PingTimeout:    time.Second,
-		ConnectTimeout: 1 * time.Second,
+		ConnectTimeout: 2 * time.Second,
 		UpgradeTimeout: 2 * time.Second,
 	}
 }
