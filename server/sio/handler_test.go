@@ -182,9 +182,59 @@ func heartbeatConfig() Config {
 	return cfg
 }
 
+// adminHandler serves namespace "/admin": only the token "admin" connects.
+type adminHandler struct {
+	disconnCh chan disconnectRecord
+}
+
+func (h *adminHandler) OnConnect(ctx context.Context, s *Socket, req *http.Request, auth json.RawMessage) error {
+	var a map[string]any
+	_ = json.Unmarshal(auth, &a)
+	if tok, _ := a["token"].(string); tok != "admin" {
+		return refusal{data: map[string]any{"reason": "admin only"}}
+	}
+	return nil
+}
+
+func (h *adminHandler) OnEvent(ctx context.Context, s *Socket, ev Event, ack AckFunc) {
+	vals, err := args(ev)
+	if err != nil {
+		s.Close("bad attachments")
+		return
+	}
+	switch ev.Name {
+	case "whoami":
+		if ack != nil {
+			_ = ack(s.Namespace().Name())
+		}
+	case "echo":
+		if ack != nil {
+			_ = ack(vals...)
+		}
+	case "join":
+		_ = s.Join(vals[0].(string))
+		if ack != nil {
+			_ = ack("joined")
+		}
+	case "broadcast": // ["broadcast", room, payload]
+		_ = s.Namespace().EmitTo(vals[0].(string), "news", vals[1])
+		if ack != nil {
+			_ = ack(true)
+		}
+	}
+}
+
+func (h *adminHandler) OnDisconnect(s *Socket, reason string) {
+	select {
+	case h.disconnCh <- disconnectRecord{id: s.ID(), reason: reason}:
+	default:
+	}
+}
+
 type testServer struct {
-	srv  *Server
-	h    *testHandler
+	srv   *Server
+	h     *testHandler
+	admin *adminHandler
 	http *httptest.Server
 	url  string // http://127.0.0.1:port
 }
@@ -198,6 +248,8 @@ func startServer(t *testing.T, cfg Config, h *testHandler) *testServer {
 	}
 	srv := New(cfg, h)
 	h.srv = srv
+	admin := &adminHandler{disconnCh: make(chan disconnectRecord, 64)}
+	srv.Of("/admin", admin)
 	mux := http.NewServeMux()
 	mux.Handle("/socket.io/", srv)
 	hs := httptest.NewServer(mux)
@@ -212,7 +264,7 @@ func startServer(t *testing.T, cfg Config, h *testHandler) *testServer {
 		}
 		hs.Close()
 	})
-	return &testServer{srv: srv, h: h, http: hs, url: hs.URL}
+	return &testServer{srv: srv, h: h, admin: admin, http: hs, url: hs.URL}
 }
 
 // newHTTPServer serves srv without the Shutdown cleanup of startServer.
