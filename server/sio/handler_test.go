@@ -235,8 +235,8 @@ type testServer struct {
 	srv   *Server
 	h     *testHandler
 	admin *adminHandler
-	http *httptest.Server
-	url  string // http://127.0.0.1:port
+	http  *httptest.Server
+	url   string // http://127.0.0.1:port
 }
 
 // startServer runs a Server behind httptest and shuts both down at cleanup,
