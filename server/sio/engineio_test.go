@@ -548,3 +548,52 @@ const (
 	codeBadRequest         = 3
 	codeUnsupportedVersion = 5
 )
+
+// TestPollingRaces pins the answers to polling requests that race an
+// upgrade: a GET in flight when "5" arrives is released with a noop whether
+// it arrived before or after the probe; any GET or POST after "5" has been
+// processed gets 400
+// (the reference server's transport mismatch), and the websocket carries on.
+// (A close POSTed while a GET is pending: see TestPollingForcedClose.)
+func TestPollingRaces(t *testing.T) {
+	t.Parallel()
+	ts := startServer(t, testConfig(), nil)
+	for range 5 {
+		pc, _ := pollOpen(t, ts)
+		pc.connect()
+		w := dialWS(t, ts, pc.sid)
+		w.send("2probe")
+		if _, data := w.read(); string(data) != "3probe" {
+			t.Fatalf("probe reply %q", data)
+		}
+		inFlight := make(chan string, 1)
+		go func() {
+			_, body, _ := httpDo(t, http.MethodGet, pc.url(), "")
+			inFlight <- body
+		}()
+		// The GET is pending (or already released by the upgrade's noop
+		// timer) before "5" is sent.
+		s := ts.session(pc.sid)
+		eventually(t, ioTimeout, "GET pending or answered", func() bool { return s.PollWaiting() || len(inFlight) > 0 })
+		w.send("5")
+		for body := <-inFlight; body != "6"; _, body = pc.get() {
+			if body != "2" { // a ping queued before the upgrade may come first
+				t.Fatalf("GET racing the upgrade = %q, want noop", body)
+			}
+			pc.mustPost("3")
+		}
+		// A GET that reaches the server before "5" is processed gets a noop;
+		// once "5" is processed every GET or POST gets 400.
+		eventually(t, ioTimeout, "upgrade done", func() bool { return s.Transport() == engineio.WebSocket })
+		if status, _ := pc.get(); status != 400 {
+			t.Fatalf("GET right after 5 = %d, want 400", status)
+		}
+		if status, _ := pc.post("3"); status != 400 {
+			t.Fatalf("POST right after 5 = %d, want 400", status)
+		}
+		w.send(`420["echo","ws"]`)
+		if got := w.next(); got != `430["ws"]` {
+			t.Fatalf("websocket after the upgrade: %q", got)
+		}
+	}
+}
