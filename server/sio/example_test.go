@@ -39,7 +39,7 @@ func (admin) OnConnect(ctx context.Context, s *sio.Socket, req *http.Request, au
 }
 
 func (admin) OnEvent(ctx context.Context, s *sio.Socket, ev sio.Event, ack sio.AckFunc) {}
-func (admin) OnDisconnect(s *sio.Socket, reason string)                             {}
+func (admin) OnDisconnect(s *sio.Socket, reason string)                                 {}
 
 // A server with the main namespace and an authenticated "/admin", mounted
 // at "/socket.io/".
