@@ -70,6 +70,7 @@ type options struct {
 	memprof  string
 	servers  string
 	rounds   int
+	upgrade  bool
 	role     string
 	url      string
 }
@@ -86,6 +87,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.StringVar(&o.cpuprof, "cpuprofile", "", "write a CPU profile of the server during the broadcast phase")
 	fs.StringVar(&o.servers, "servers", "joblib,node", "servers to measure, in order: joblib, node")
 	fs.IntVar(&o.rounds, "rounds", 1, "rounds (the servers alternate within each)")
+	fs.BoolVar(&o.upgrade, "upgrade", false, "clients open with HTTP long-polling and upgrade to websocket (as browsers do)")
 	fs.StringVar(&o.memprof, "memprofile", "", "write a heap profile of the server with the idle connections")
 	fs.StringVar(&o.role, "role", "server", "server (parent) or clients (child, internal)")
 	fs.StringVar(&o.url, "url", "", "server URL (child only)")
@@ -197,8 +199,12 @@ func runAll(ctx context.Context, o options, stdout io.Writer) error {
 			}
 		}
 	}
-	fmt.Fprintf(stdout, "\nfanout: %d idle websocket connections in one room (clients in a child process, loopback), %d events of %d B padding, %v apart, %d round(s); load average at the end: %s\n\n",
-		o.conns, o.events, o.payload, o.interval, o.rounds, loadAvg())
+	kind := "websocket"
+	if o.upgrade {
+		kind = "upgraded (polling→websocket)"
+	}
+	fmt.Fprintf(stdout, "\nfanout: %d idle %s connections in one room (clients in a child process, loopback), %d events of %d B padding, %v apart, %d round(s); load average at the end: %s\n\n",
+		o.conns, kind, o.events, o.payload, o.interval, o.rounds, loadAvg())
 	fmt.Fprintln(stdout, "| server | p50 / p99 / max delivery | RSS per connection | CPU per delivery |")
 	fmt.Fprintln(stdout, "| --- | --- | --- | --- |")
 	for _, name := range servers {
@@ -237,7 +243,7 @@ func startClients(ctx context.Context, o options, url string) (*exec.Cmd, *bufio
 	}
 	child := exec.CommandContext(ctx, exe, "-role", "clients", "-url", url,
 		"-conns", strconv.Itoa(o.conns), "-events", strconv.Itoa(o.events), "-timeout", o.timeout.String(),
-		"-dialers", strconv.Itoa(o.dialers))
+		"-dialers", strconv.Itoa(o.dialers), "-upgrade="+strconv.FormatBool(o.upgrade))
 	child.Stderr = os.Stderr
 	out, err := child.StdoutPipe()
 	if err != nil {
@@ -491,7 +497,11 @@ func runClients(ctx context.Context, o options, stdout io.Writer) error {
 	for range o.dialers {
 		wg.Go(func() {
 			for i := range jobs {
-				c, err := dialAndJoin(ctx, wsURL)
+				dial := dialAndJoin
+				if o.upgrade {
+					dial = upgradeAndJoin
+				}
+				c, err := dial(ctx, wsURL)
 				if err != nil {
 					mu.Lock()
 					firstErr = cmpErr(firstErr, fmt.Errorf("client %d: %w", i, err))
@@ -597,6 +607,86 @@ func dialAndJoin(ctx context.Context, url string) (*websocket.Conn, error) {
 		}
 	}
 	return c, nil
+}
+
+var pollClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1 << 16}, Timeout: 30 * time.Second}
+
+// upgradeAndJoin opens a session with HTTP long-polling, connects to "/",
+// upgrades it to websocket and joins the room over the websocket.
+func upgradeAndJoin(ctx context.Context, wsURL string) (*websocket.Conn, error) {
+	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	base := "http" + strings.TrimPrefix(strings.TrimSuffix(wsURL, "websocket"), "ws") + "polling"
+	do := func(method, url, body string) (string, error) {
+		req, err := http.NewRequestWithContext(dctx, method, url, strings.NewReader(body))
+		if err != nil {
+			return "", err
+		}
+		res, err := pollClient.Do(req)
+		if err != nil {
+			return "", err
+		}
+		defer res.Body.Close()
+		b, err := io.ReadAll(res.Body)
+		if res.StatusCode != 200 {
+			return "", fmt.Errorf("%s: %d %s", method, res.StatusCode, b)
+		}
+		return string(b), err
+	}
+	open, err := do(http.MethodGet, base, "")
+	if err != nil {
+		return nil, fmt.Errorf("handshake: %w", err)
+	}
+	var hs struct{ SID string }
+	if err := json.Unmarshal([]byte(strings.TrimPrefix(open, "0")), &hs); err != nil {
+		return nil, fmt.Errorf("handshake %q: %w", open, err)
+	}
+	sess := base + "&sid=" + hs.SID
+	if _, err := do(http.MethodPost, sess, "40"); err != nil {
+		return nil, err
+	}
+	for got := ""; !strings.Contains(got, "40{"); {
+		if got, err = do(http.MethodGet, sess, ""); err != nil {
+			return nil, err
+		}
+		if strings.Contains(got, "2") && !strings.Contains(got, "40{") {
+			_, _ = do(http.MethodPost, sess, "3")
+		}
+	}
+	c, _, err := websocket.Dial(dctx, wsURL+"&sid="+hs.SID, nil)
+	if err != nil {
+		return nil, fmt.Errorf("dial: %w", err)
+	}
+	if err := c.Write(dctx, websocket.MessageText, []byte("2probe")); err != nil {
+		c.CloseNow()
+		return nil, err
+	}
+	if _, data, err := c.Read(dctx); err != nil || string(data) != "3probe" {
+		c.CloseNow()
+		return nil, fmt.Errorf("probe: %q %v", data, err)
+	}
+	if err := c.Write(dctx, websocket.MessageText, []byte("5")); err != nil {
+		c.CloseNow()
+		return nil, err
+	}
+	if err := c.Write(dctx, websocket.MessageText, []byte(`420["join"]`)); err != nil {
+		c.CloseNow()
+		return nil, err
+	}
+	for {
+		_, data, err := c.Read(dctx)
+		if err != nil {
+			c.CloseNow()
+			return nil, err
+		}
+		if string(data) == "2" {
+			_ = c.Write(dctx, websocket.MessageText, []byte("3"))
+			continue
+		}
+		if bytes.HasPrefix(data, []byte("430[")) {
+			return c, nil
+		}
+	}
 }
 
 // read records `42["tick",seq,sentUnixNano,pad]` until it has every event.
