@@ -2,7 +2,8 @@ package engineio
 
 import (
 	"context"
-	"sync"
+	"sync/atomic"
+	"time"
 )
 
 // Shutdown stops accepting sessions (503), closes every session with reason
@@ -35,73 +36,46 @@ func (srv *Server) Shutdown(ctx context.Context) error {
 	return err
 }
 
-// tracker counts the server's goroutines so that Shutdown can wait for them.
+// tracker counts the server's goroutines so that Shutdown can wait for
+// them. It is an atomic counter: a broadcast starts a writer for every
+// member, and a mutex here would make them all queue on it.
 type tracker struct {
-	mu      sync.Mutex
-	n       int
-	stopped bool
-	zero    chan struct{}
+	n       atomic.Int64
+	stopped atomic.Bool
 }
 
 // start counts a goroutine that begins a new connection; false after stop.
 func (t *tracker) start() bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.stopped {
+	if t.stopped.Load() {
 		return false
 	}
-	t.addLocked()
+	t.n.Add(1)
+	if t.stopped.Load() {
+		t.n.Add(-1)
+		return false
+	}
 	return true
 }
 
 // add counts a goroutine started on behalf of an existing connection.
-func (t *tracker) add() {
-	t.mu.Lock()
-	t.addLocked()
-	t.mu.Unlock()
-}
+func (t *tracker) add() { t.n.Add(1) }
 
-func (t *tracker) addLocked() {
-	if t.n == 0 {
-		t.zero = make(chan struct{})
-	}
-	t.n++
-}
+func (t *tracker) done() { t.n.Add(-1) }
 
-func (t *tracker) done() {
-	t.mu.Lock()
-	t.n--
-	if t.n == 0 {
-		close(t.zero)
-	}
-	t.mu.Unlock()
-}
+func (t *tracker) stop() { t.stopped.Store(true) }
 
-func (t *tracker) stop() {
-	t.mu.Lock()
-	t.stopped = true
-	t.mu.Unlock()
-}
+func (t *tracker) count() int { return int(t.n.Load()) }
 
-func (t *tracker) count() int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.n
-}
-
+// wait polls until no goroutine is counted or ctx ends.
 func (t *tracker) wait(ctx context.Context) error {
-	for {
-		t.mu.Lock()
-		if t.n == 0 {
-			t.mu.Unlock()
-			return nil
-		}
-		zero := t.zero
-		t.mu.Unlock()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for t.n.Load() > 0 {
 		select {
-		case <-zero:
+		case <-tick.C:
 		case <-ctx.Done():
 			return ctx.Err()
 		}
 	}
+	return nil
 }
