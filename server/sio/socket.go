@@ -322,11 +322,17 @@ func (s *Socket) accept() {
 	msgs := append([]*engineio.Message{sioMsg(wire.SIOPacket{Type: wire.SIOConnect, Namespace: s.ns.name, Data: payload}, nil)}, s.held...)
 	s.held = nil
 	s.state = sockConnected
-	// SendAll does not close the session on overflow (it would take s.mu).
-	err := s.c.conn.SendAll(msgs)
-	if err == nil && !s.ownRoom {
+	// In its own room before the client hears of the connection.
+	joinedOwn := !s.ownRoom
+	if joinedOwn {
 		s.ownRoom = true
 		s.ns.rooms.joinOwn(s)
+	}
+	// SendAll does not close the session on overflow (it would take s.mu).
+	err := s.c.conn.SendAll(msgs)
+	if err != nil && joinedOwn {
+		s.ownRoom = false
+		s.ns.rooms.leaveOwn(s)
 	}
 	s.mu.Unlock()
 	if errors.Is(err, engineio.ErrSlowConsumer) {
