@@ -44,6 +44,7 @@ type setupOpts struct {
 	serverCfg   *server.Config
 	publicReads bool
 	realtime    *server.RealtimeConfig
+	realtimeLog *slog.Logger
 	bus         events.Bus
 	logger      *slog.Logger
 }
@@ -107,7 +108,7 @@ func setupNoUsers(t testing.TB, db *models.DB, opts ...func(*setupOpts)) *env {
 	api := server.New(svc, cfg, o.logger)
 	var rt *server.Realtime
 	if o.realtime != nil {
-		rt = api.NewRealtime(*o.realtime, nil)
+		rt = api.NewRealtime(*o.realtime, o.realtimeLog)
 		api.Handle("/socket.io/", rt)
 		rt.Start()
 	}
