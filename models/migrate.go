@@ -13,6 +13,11 @@ type migration struct {
 	name     string
 	postgres string
 	sqlite   string
+	// pgStatements and sqliteStatements, when set, are run as given after
+	// the split DDL (for statements that contain semicolons: function and
+	// trigger bodies).
+	pgStatements     []string
+	sqliteStatements []string
 }
 
 // migrations are applied in order and never edited once released: a change is
@@ -331,6 +336,62 @@ CREATE INDEX provider_results_provider_used_idx ON provider_results (provider_id
 `,
 		sqlite: "",
 	},
+	{
+		version: 11,
+		name:    "task counts kept incrementally",
+		// joblib_tasks{status} is read from task_counts, not by counting
+		// tasks: a scrape costs the same at a thousand tasks or a million.
+		// Triggers keep the counts. On PostgreSQL a status change appends
+		// a delta row (no row every writer updates, so concurrent claims do
+		// not queue on a counter) and readers fold the deltas into the
+		// counts first; SQLite has one writer and updates the counts.
+		postgres: `
+CREATE TABLE task_counts (
+	status text PRIMARY KEY,
+	n      bigint NOT NULL DEFAULT 0
+);
+CREATE TABLE task_count_deltas (
+	status text NOT NULL,
+	d      integer NOT NULL
+);
+LOCK TABLE tasks IN SHARE MODE;
+INSERT INTO task_counts (status, n) SELECT status, count(*) FROM tasks GROUP BY status
+`,
+		pgStatements: []string{`
+CREATE FUNCTION task_counts_track() RETURNS trigger LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+BEGIN
+	IF TG_OP = 'INSERT' THEN
+		INSERT INTO task_count_deltas (status, d) VALUES (NEW.status, 1);
+	ELSIF TG_OP = 'DELETE' THEN
+		INSERT INTO task_count_deltas (status, d) VALUES (OLD.status, -1);
+	ELSE
+		INSERT INTO task_count_deltas (status, d) VALUES (OLD.status, -1), (NEW.status, 1);
+	END IF;
+	RETURN NULL;
+END $$`,
+			`CREATE TRIGGER tasks_count_insdel AFTER INSERT OR DELETE ON tasks FOR EACH ROW EXECUTE FUNCTION task_counts_track()`,
+			`CREATE TRIGGER tasks_count_upd AFTER UPDATE OF status ON tasks FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status) EXECUTE FUNCTION task_counts_track()`,
+		},
+		sqlite: `
+CREATE TABLE task_counts (
+	status TEXT PRIMARY KEY,
+	n      INTEGER NOT NULL DEFAULT 0
+);
+INSERT INTO task_counts (status, n) SELECT status, count(*) FROM tasks GROUP BY status
+`,
+		sqliteStatements: []string{
+			`CREATE TRIGGER tasks_count_ins AFTER INSERT ON tasks BEGIN
+	INSERT INTO task_counts (status, n) VALUES (NEW.status, 1) ON CONFLICT (status) DO UPDATE SET n = n + 1;
+END`,
+			`CREATE TRIGGER tasks_count_del AFTER DELETE ON tasks BEGIN
+	UPDATE task_counts SET n = n - 1 WHERE status = OLD.status;
+END`,
+			`CREATE TRIGGER tasks_count_upd AFTER UPDATE OF status ON tasks WHEN OLD.status IS NOT NEW.status BEGIN
+	UPDATE task_counts SET n = n - 1 WHERE status = OLD.status;
+	INSERT INTO task_counts (status, n) VALUES (NEW.status, 1) ON CONFLICT (status) DO UPDATE SET n = n + 1;
+END`,
+		},
+	},
 }
 
 // Migrate brings the schema to the newest version. It is safe to run from
@@ -363,11 +424,11 @@ func (db *DB) Migrate(ctx context.Context) ([]int, error) {
 			if done[m.version] {
 				continue
 			}
-			ddl := m.postgres
+			ddl, whole := m.postgres, m.pgStatements
 			if db.dialect == SQLite {
-				ddl = m.sqlite
+				ddl, whole = m.sqlite, m.sqliteStatements
 			}
-			for _, stmt := range splitStatements(ddl) {
+			for _, stmt := range append(splitStatements(ddl), whole...) {
 				if err := q.g.Exec(stmt).Error; err != nil {
 					return fmt.Errorf("migration %d (%s): %w", m.version, m.name, err)
 				}

@@ -3,7 +3,9 @@ package server_test
 import (
 	"bytes"
 	"context"
+	"io"
 	"log/slog"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -224,6 +226,60 @@ func TestListOffsetBudget(t *testing.T) {
 		}
 		if v := e.api.Rejections().Value(limits.ListOffset); v != 6 {
 			t.Fatalf("rejections{list_offset} = %v, want 6", v)
+		}
+	})
+}
+
+// slowBody sends body in pieces over about d.
+func slowBody(body []byte, d time.Duration) io.Reader {
+	pr, pw := io.Pipe()
+	go func() {
+		const pieces = 5
+		step := (len(body) + pieces - 1) / pieces
+		for i := 0; i < len(body); i += step {
+			time.Sleep(d / pieces)
+			if _, err := pw.Write(body[i:min(i+step, len(body))]); err != nil {
+				return
+			}
+		}
+		pw.Close()
+	}()
+	return pr
+}
+
+// The database time budget counts from the end of the request body: a
+// client on a slow link whose body takes longer than the budget to arrive
+// is served normally.
+func TestSlowBodyDoesNotSpendTheDatabaseBudget(t *testing.T) {
+	t.Parallel()
+	cfg := server.DefaultConfig()
+	cfg.WriteDBTimeout = 300 * time.Millisecond
+	eachWith(t, []func(*setupOpts){func(o *setupOpts) { o.serverCfg = &cfg }}, func(t *testing.T, e *env) {
+		e.seed()
+		post := func(path string, body []byte, hdr ...string) int {
+			req, err := http.NewRequest("POST", e.url+path, slowBody(body, 1200*time.Millisecond))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("Authorization", "Bearer "+e.admin)
+			for _, h := range hdr {
+				k, v, _ := strings.Cut(h, ":")
+				req.Header.Set(k, strings.TrimSpace(v))
+			}
+			res, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res.Body.Close()
+			return res.StatusCode
+		}
+		if st := post(api+"/rooms/room/tasks/"+rotate, []byte(`{"payload":{"a":"`+strings.Repeat("x", 5000)+`"}}`)); st != 202 {
+			t.Fatalf("slow submission: %d", st)
+		}
+		pid := e.provider(e.admin, "room", "filesystem", "slow")
+		hash := strings.Repeat("a", 64)
+		if st := post(api+"/providers/"+pid+"/results", []byte(strings.Repeat("r", 5000)), "X-Request-Hash: "+hash); st != 204 {
+			t.Fatalf("slow upload: %d", st)
 		}
 	})
 }

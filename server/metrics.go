@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"crypto/subtle"
 	"fmt"
 	"net/http"
 	"time"
@@ -106,7 +107,27 @@ func MetricsHandler(g prometheus.Gatherer) http.Handler {
 	return promhttp.HandlerFor(g, promhttp.HandlerOpts{})
 }
 
-// stateCollector reads live workers and tasks by status at scrape time.
+// RequireBearer guards h with a fixed bearer token (JOBLIB_METRICS_TOKEN):
+// requests without `Authorization: Bearer <token>` answer 401 problem+json.
+// An empty token returns h unguarded.
+func RequireBearer(token string, h http.Handler) http.Handler {
+	if token == "" {
+		return h
+	}
+	want := []byte("Bearer " + token)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="joblib-metrics"`)
+			writeProblem(w, newProblem(joblib.CodeUnauthorized, "Unauthorized"))
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// stateCollector reads live workers, and tasks by status from the counts
+// the database keeps incrementally, at scrape time: a scrape's cost does not
+// grow with the tasks table.
 type stateCollector struct {
 	db      *models.DB
 	workers *prometheus.Desc

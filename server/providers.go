@@ -1,7 +1,9 @@
 package server
 
 import (
+	"context"
 	"encoding/json"
+	"io"
 	"mime"
 	"net/http"
 	"strconv"
@@ -210,9 +212,31 @@ func (s *Server) uploadProviderResult(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, "header X-Request-Hash is required")
 		return
 	}
-	if err := s.svc.UploadProviderResult(r.Context(), p, id, hash, r.Body); err != nil {
+	body := &budgetReader{r: r.Body, ctx: r.Context()}
+	if err := s.svc.UploadProviderResult(r.Context(), p, id, hash, body); err != nil {
 		s.fail(w, r, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// budgetReader restarts the request's database time budget once the body
+// has been read to its end, so that a slow upload does not spend it.
+type budgetReader struct {
+	r             io.Reader
+	ctx           context.Context
+	started, done bool
+}
+
+func (b *budgetReader) Read(p []byte) (int, error) {
+	if !b.started {
+		b.started = true
+		pauseBudget(b.ctx)
+	}
+	n, err := b.r.Read(p)
+	if err != nil && !b.done {
+		b.done = true
+		restartBudget(b.ctx)
+	}
+	return n, err
 }

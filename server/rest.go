@@ -54,17 +54,45 @@ func (s *Server) routes() {
 // database time budget.
 var errDBBudget = errors.New("request database time budget spent")
 
-// dbBudget runs h with a context that expires after d: every statement the
-// request runs is cancelled then (pgx sends PostgreSQL a cancel request;
-// SQLite is interrupted) and the client gets 503 statement-timeout.
+// dbBudget runs h with a context that is cancelled d after the request
+// started, or after its body was read (a slow upload does not spend the
+// database's time): every statement the request runs is cancelled then
+// (pgx sends PostgreSQL a cancel request; SQLite is interrupted) and the
+// client gets 503 statement-timeout.
 func (s *Server) dbBudget(d time.Duration, h http.HandlerFunc) http.HandlerFunc {
 	if d <= 0 {
 		return h
 	}
 	return func(w http.ResponseWriter, r *http.Request) {
-		ctx, cancel := context.WithTimeoutCause(r.Context(), d, errDBBudget)
-		defer cancel()
-		h(w, r.WithContext(ctx))
+		ctx, cancel := context.WithCancelCause(r.Context())
+		defer cancel(nil)
+		b := &budget{d: d, timer: time.AfterFunc(d, func() { cancel(errDBBudget) })}
+		defer b.timer.Stop()
+		h(w, r.WithContext(context.WithValue(ctx, budgetKey{}, b)))
+	}
+}
+
+type budgetKey struct{}
+
+// budget is a request's database time budget.
+type budget struct {
+	d     time.Duration
+	timer *time.Timer
+}
+
+// pauseBudget stops the request's database time budget while its body
+// is read.
+func pauseBudget(ctx context.Context) {
+	if b, ok := ctx.Value(budgetKey{}).(*budget); ok {
+		b.timer.Stop()
+	}
+}
+
+// restartBudget starts the request's database time budget afresh (once
+// its body has been read).
+func restartBudget(ctx context.Context) {
+	if b, ok := ctx.Value(budgetKey{}).(*budget); ok && ctx.Err() == nil {
+		b.timer.Reset(b.d)
 	}
 }
 
@@ -109,7 +137,9 @@ func (s *Server) roomThenPrincipal(w http.ResponseWriter, r *http.Request) (stri
 // decodeBody reads a JSON object body into v. Oversized bodies answer 413,
 // anything that is not a JSON object of the right shape 422.
 func (s *Server) decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
+	pauseBudget(r.Context())
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	restartBudget(r.Context())
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {

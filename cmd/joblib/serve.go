@@ -84,8 +84,25 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	rt := srv.NewRealtime(cfg.Realtime, log.With("component", "socketio"))
 	srv.Handle("/socket.io/", rt)
 	rt.Start()
-	reg.MustRegister(server.SocketCollector(rt))
-	srv.Handle("GET /metrics", server.MetricsHandler(reg))
+	reg.MustRegister(server.SocketCollector(rt), srv.Rejections())
+	metricsHandler := server.RequireBearer(cfg.Server.MetricsToken, server.MetricsHandler(reg))
+	if cfg.Server.MetricsAddr == "" {
+		srv.Handle("GET /metrics", metricsHandler)
+	} else {
+		// A listener of its own (an internal interface, say); the public
+		// one answers 404 for /metrics.
+		mln, err := net.Listen("tcp", cfg.Server.MetricsAddr)
+		if err != nil {
+			return fmt.Errorf("listen for metrics on %s: %w", cfg.Server.MetricsAddr, err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", metricsHandler)
+		ms := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: time.Minute, WriteTimeout: time.Minute,
+			ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+		go func() { _ = ms.Serve(mln) }()
+		defer ms.Close()
+		log.Info("metrics listening", "addr", mln.Addr().String())
+	}
 	ln, err := net.Listen("tcp", cfg.Server.ListenAddr)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.Server.ListenAddr, err)

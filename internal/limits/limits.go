@@ -15,13 +15,18 @@ const (
 	JSONDepth            = "json_depth"             // JOBLIB_MAX_JSON_DEPTH
 	JSONBytes            = "json_bytes"             // invalid UTF-8, NUL, out-of-range numbers
 	ListOffset           = "list_offset"            // JOBLIB_MAX_LIST_OFFSET
-	StatementTimeout     = "statement_timeout"      // JOBLIB_REQUEST_DB_TIMEOUT
+	StatementTimeout     = "statement_timeout"      // JOBLIB_READ_DB_TIMEOUT, JOBLIB_WRITE_DB_TIMEOUT
 	SubmitRate           = "submit_rate"            // JOBLIB_SUBMIT_RATE
 	ProviderDispatchRate = "provider_dispatch_rate" // JOBLIB_PROVIDER_DISPATCH_RATE
 	InternalRate         = "internal_rate"          // JOBLIB_INTERNAL_RATE
 	InternalQueueShare   = "internal_queue_share"   // JOBLIB_INTERNAL_QUEUE_PER_USER
 	ProviderResultBytes  = "provider_result_bytes"  // JOBLIB_PROVIDER_MAX_RESULT_BYTES and the per-provider share
 )
+
+// Names lists the budgets known here, so that their series exist at zero
+// from the start. Another layer may count names of its own too.
+var Names = []string{BodyBytes, JSONDepth, JSONBytes, ListOffset, StatementTimeout, SubmitRate,
+	ProviderDispatchRate, InternalRate, InternalQueueShare, ProviderResultBytes}
 
 // Rejections counts budget rejections by limit. The zero value and a nil
 // pointer are usable and count nothing, so code paths without metrics (tests,
@@ -33,10 +38,14 @@ type Rejections struct {
 // NewRejections creates the counter; register it (it is a
 // prometheus.Collector) with the process's registry.
 func NewRejections() *Rejections {
-	return &Rejections{vec: prometheus.NewCounterVec(prometheus.CounterOpts{
+	r := &Rejections{vec: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "joblib_limit_rejections_total",
 		Help: "Requests, messages or connections refused because they exceeded a budget, by budget.",
 	}, []string{"limit"})}
+	for _, n := range Names {
+		r.vec.WithLabelValues(n)
+	}
+	return r
 }
 
 // Inc counts one rejection by the named budget.
