@@ -32,6 +32,12 @@ const (
 	// CodeStatementTimeout: the request's database work ran past its time
 	// budget and was cancelled (503 with Retry-After).
 	CodeStatementTimeout Code = "statement-timeout"
+	// CodePolicyConflict: a job's worker-loss policy differs from the one its
+	// creator set, and the caller may not change it.
+	CodePolicyConflict Code = "policy-conflict"
+	// CodeQuotaExceeded: the caller has as many workers, providers or
+	// pending tasks as a per-user quota allows.
+	CodeQuotaExceeded Code = "quota-exceeded"
 )
 
 // Error is a failure the caller caused or must see, with the detail text the

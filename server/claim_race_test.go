@@ -21,7 +21,7 @@ func TestClaimRace(t *testing.T) {
 	eachWith(t, []func(*setupOpts){unlimited}, func(t *testing.T, e *env) {
 		const (
 			jobs     = 5
-			perJob   = 400
+			perJob   = 200
 			claimers = 50
 			tasks    = jobs * perJob
 		)
