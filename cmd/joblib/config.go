@@ -103,9 +103,6 @@ func (c Config) validate() error {
 		r.MaxRooms <= 0 || r.MaxSessions <= 0 || r.MaxSessionsPerAddr <= 0 || r.MaxHints <= 0 {
 		return errors.New("JOBLIB_SOCKET_CONNECT_TIMEOUT, _MAX_ATTACHMENTS, _MAX_EVENT_BYTES, _MAX_JSON_DEPTH, _MAX_ROOMS, _MAX_SESSIONS, _MAX_SESSIONS_PER_ADDR and _MAX_HINTS must be positive")
 	}
-	if err := c.Settings.Validate(); err != nil {
-		return err
-	}
 	return c.Server.Validate()
 }
 
