@@ -42,13 +42,35 @@ type RealtimeConfig struct {
 	// SendQueue is each connection's outbound queue in packets; a connection
 	// that lets it fill is closed as a slow consumer.
 	SendQueue int `env:"SOCKET_SEND_QUEUE" envDefault:"1024"`
+	// ConnectTimeout closes a session that has not joined a namespace
+	// (Socket.IO CONNECT) within it.
+	ConnectTimeout time.Duration `env:"SOCKET_CONNECT_TIMEOUT" envDefault:"20s"`
+	// MaxAttachments bounds the binary attachments of one event.
+	MaxAttachments int `env:"SOCKET_MAX_ATTACHMENTS" envDefault:"64"`
+	// MaxEventBytes bounds one event with its attachments, counted as they
+	// arrive.
+	MaxEventBytes int64 `env:"SOCKET_MAX_EVENT_BYTES" envDefault:"10000000"`
+	// MaxJSONDepth bounds the nesting of an event's arguments.
+	MaxJSONDepth int `env:"SOCKET_MAX_JSON_DEPTH" envDefault:"64"`
+	// MaxRooms bounds the rooms one socket is in.
+	MaxRooms int `env:"SOCKET_MAX_ROOMS" envDefault:"1000"`
+	// MaxSessions and MaxSessionsPerAddr bound the open Engine.IO sessions
+	// of this node, in total and per client IP address.
+	MaxSessions        int `env:"SOCKET_MAX_SESSIONS" envDefault:"100000"`
+	MaxSessionsPerAddr int `env:"SOCKET_MAX_SESSIONS_PER_ADDR" envDefault:"1000"`
+	// MaxHints bounds the task_available / provider_request notices waiting
+	// for one connection; more are dropped (the worker claims, the reader
+	// retries), never disconnecting it.
+	MaxHints int `env:"SOCKET_MAX_HINTS" envDefault:"32"`
 }
 
 // DefaultRealtimeConfig returns the documented defaults.
 func DefaultRealtimeConfig() RealtimeConfig {
 	return RealtimeConfig{
 		PingInterval: 25 * time.Second, PingTimeout: 20 * time.Second, DisconnectGrace: 5 * time.Second,
-		MaxMessageBytes: 1_000_000, SendQueue: 1024,
+		MaxMessageBytes: 1_000_000, SendQueue: 1024, ConnectTimeout: 20 * time.Second,
+		MaxAttachments: 64, MaxEventBytes: 10_000_000, MaxJSONDepth: 64, MaxRooms: 1000,
+		MaxSessions: 100_000, MaxSessionsPerAddr: 1000, MaxHints: 32,
 	}
 }
 
@@ -111,12 +133,22 @@ func (s *Server) NewRealtime(cfg RealtimeConfig, log *slog.Logger) *Realtime {
 		}, []string{"reason"}),
 	}
 	rt.io = sio.New(sio.Config{
-		PingInterval:   cfg.PingInterval,
-		PingTimeout:    cfg.PingTimeout,
-		MaxPayload:     cfg.MaxMessageBytes,
-		SendQueue:      cfg.SendQueue,
-		OriginPatterns: cfg.AllowedOrigins,
-		Logger:         log,
+		PingInterval:       cfg.PingInterval,
+		PingTimeout:        cfg.PingTimeout,
+		MaxPayload:         cfg.MaxMessageBytes,
+		SendQueue:          cfg.SendQueue,
+		OriginPatterns:     cfg.AllowedOrigins,
+		ConnectTimeout:     cfg.ConnectTimeout,
+		MaxAttachments:     cfg.MaxAttachments,
+		MaxEventBytes:      cfg.MaxEventBytes,
+		MaxDepth:           cfg.MaxJSONDepth,
+		MaxRooms:           cfg.MaxRooms,
+		MaxSessions:        cfg.MaxSessions,
+		MaxSessionsPerAddr: cfg.MaxSessionsPerAddr,
+		MaxHints:           cfg.MaxHints,
+		OnReject:           s.rejections.Inc,
+		RejectAck:          rejectAck,
+		Logger:             log,
 	}, rt)
 	return rt
 }
@@ -161,11 +193,34 @@ func (rt *Realtime) Shutdown(ctx context.Context) error {
 }
 
 // deliver sends a committed emission to its room. It never blocks: the
-// Socket.IO server enqueues on each member's bounded queue.
+// Socket.IO server enqueues on each member's bounded queue. task_available
+// and provider_request are hints (the worker claims, the reader retries):
+// for a connection that is behind they are dropped rather than queued, so a
+// flood of them never disconnects a worker or a provider.
 func (rt *Realtime) deliver(e events.Emission) {
-	if err := rt.io.EmitTo(e.Room, e.Event.EventName(), e.Payload()); err != nil {
+	emit := rt.io.EmitTo
+	switch e.Event.(type) {
+	case events.TaskAvailable, events.ProviderRequest:
+		emit = rt.io.EmitHintTo
+	}
+	if err := emit(e.Room, e.Event.EventName(), e.Payload()); err != nil {
 		rt.log.Error("deliver event", "event", e.Event.EventName(), "room", e.Room, "err", err)
 	}
+}
+
+// rejectAck answers an event that asked for an ack and exceeded a socket
+// budget.
+func rejectAck(limit string) []any {
+	detail := map[string]string{
+		sio.LimitAttachments: "too many binary attachments",
+		sio.LimitEventBytes:  "event too large",
+		sio.LimitDepth:       "arguments nested too deeply",
+	}[limit]
+	status := 413
+	if limit == sio.LimitDepth {
+		status = 422
+	}
+	return []any{ack{Status: status, Detail: detail}}
 }
 
 // connectError is a CONNECT refusal.
@@ -304,7 +359,9 @@ func (rt *Realtime) handle(ctx context.Context, s *sio.Socket, st *connState, ev
 				return errAck(err)
 			}
 		}
-		s.Join(events.Room(*body.RoomID))
+		if err := s.Join(events.Room(*body.RoomID)); err != nil {
+			return joinErrAck(err)
+		}
 		return ack{OK: true}
 	}
 	return ack{Status: 404, Detail: fmt.Sprintf("unknown event %q", ev.Name)}
@@ -346,8 +403,15 @@ func (rt *Realtime) joinAsWorker(ctx context.Context, s *sio.Socket, st *connSta
 		rt.bound[wid] = s
 		rt.mu.Unlock()
 	}
-	s.Join(room)
+	if err := s.Join(room); err != nil {
+		return joinErrAck(err)
+	}
 	return ack{OK: true}
+}
+
+// joinErrAck answers a join past the rooms-per-socket budget.
+func joinErrAck(err error) ack {
+	return ack{Status: 429, Detail: err.Error()}
 }
 
 // roomAccess asks the room authorization host (when configured) whether the
