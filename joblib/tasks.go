@@ -117,8 +117,36 @@ func (s *Service) SubmitTask(ctx context.Context, p Principal, room, fullName st
 // ClaimTask claims the oldest pending task of the worker's jobs. It returns
 // nil when nothing is claimable.
 func (s *Service) ClaimTask(ctx context.Context, p Principal, workerID uuid.UUID) (*Task, error) {
-	var out *Task
+	ts, err := s.ClaimTasks(ctx, p, workerID, 1)
+	if err != nil || len(ts) == 0 {
+		return nil, err
+	}
+	return &ts[0], nil
+}
+
+// MaxClaimBatch is the most tasks one batch claim may take.
+const MaxClaimBatch = 100
+
+// ClaimTasks claims up to limit (1..MaxClaimBatch) of the oldest pending
+// tasks of the worker's jobs, oldest first; none when nothing is claimable.
+// Every task goes to exactly one claimer, however many claim at once.
+func (s *Service) ClaimTasks(ctx context.Context, p Principal, workerID uuid.UUID, limit int) ([]Task, error) {
+	if limit < 1 || limit > MaxClaimBatch {
+		return nil, errf(CodeValidation, "limit must be between 1 and %d", MaxClaimBatch)
+	}
+	if s.db.Dialect() == models.Postgres {
+		owned, hts, err := s.db.ClaimTasksHot(ctx, workerID, p.ID, limit, s.hotNotify())
+		if err != nil {
+			return nil, err
+		}
+		if owned {
+			return s.publishHot(ctx, hts), nil
+		}
+		// Not the caller's worker, or none: the general path says which.
+	}
+	var out []Task
 	err := s.mutate(ctx, func(q *models.Q, em *events.Set) error {
+		out = nil
 		// Locked so that a concurrent cleanup of the worker cannot miss the
 		// task claimed here and leave it claimed by a deleted worker.
 		w, err := q.LockWorker(workerID)
@@ -128,13 +156,15 @@ func (s *Service) ClaimTask(ctx context.Context, p Principal, workerID uuid.UUID
 		if w.UserID != p.ID {
 			return errf(CodeForbidden, "Worker belongs to a different user")
 		}
-		t, ok, err := q.ClaimTask(workerID)
-		if err != nil || !ok {
+		ts, err := q.ClaimTasks(workerID, limit)
+		if err != nil {
 			return err
 		}
-		v := taskView(t)
-		out = &v
-		em.Add(events.Room(v.RoomID), statusEvent(v))
+		for _, t := range ts {
+			v := taskView(t)
+			out = append(out, v)
+			em.Add(events.Room(v.RoomID), statusEvent(v))
+		}
 		return nil
 	})
 	return out, err
@@ -184,6 +214,10 @@ func (s *Service) WaitTask(ctx context.Context, id uuid.UUID, wait time.Duration
 	}
 }
 
+// hotErrorMax bounds the error text the one-statement update carries (its
+// event must fit a NOTIFY); longer ones take the general path.
+const hotErrorMax = 2000
+
 // UpdateTask applies a status transition (PATCH /tasks/{id}).
 func (s *Service) UpdateTask(ctx context.Context, p Principal, id uuid.UUID, status string, errMsg *string) (Task, error) {
 	if !ValidStatus(status) {
@@ -193,6 +227,22 @@ func (s *Service) UpdateTask(ctx context.Context, p Principal, id uuid.UUID, sta
 		if err := validateText("error", *errMsg, 0); err != nil {
 			return Task{}, err
 		}
+	}
+	if s.db.Dialect() == models.Postgres && status != models.StatusClaimed && status != models.StatusPending &&
+		(errMsg == nil || len(*errMsg) < hotErrorMax) {
+		msg := ""
+		if errMsg != nil && events.Terminal(status) {
+			msg = *errMsg
+		}
+		ht, ok, err := s.db.UpdateTaskStatusHot(ctx, id, status, fromStates(status), msg, p.Superuser, p.ID, s.hotNotify())
+		if err != nil {
+			return Task{}, err
+		}
+		if ok {
+			return s.publishHot(ctx, []models.HotTask{ht})[0], nil
+		}
+		// Missing, not the caller's, lost or in another state: the general
+		// path gives the precise answer (or applies a change that raced in).
 	}
 	var out Task
 	var lost *uuid.UUID
@@ -226,7 +276,11 @@ func (s *Service) UpdateTask(ctx context.Context, p Principal, id uuid.UUID, sta
 			}
 			return errf(CodeInvalidTaskTransition, "Cannot transition from '%s' to '%s'", cur.Status, status)
 		}
-		if events.Terminal(status) {
+		// Only a task no worker holds (a pending one being cancelled) can
+		// take a job's last reason to live: a held task's worker still links
+		// the job, and a cleanup of that worker decides about the job. So
+		// completions never lock the job row that all its tasks share.
+		if events.Terminal(status) && t.WorkerID == nil {
 			orphans, err := q.SoftDeleteOrphanJobs([]uuid.UUID{t.JobID})
 			if err != nil {
 				return err

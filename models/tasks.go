@@ -91,30 +91,26 @@ func (q *Q) ListTasks(f TaskFilter, p Page) ([]Task, int64, error) {
 	return ts, total, nil
 }
 
-// ClaimTask atomically moves the oldest pending task of the worker's linked
-// (non-internal) jobs to claimed for that worker. ok is false when nothing is
-// claimable. On PostgreSQL concurrent claimers skip each other's locked rows,
-// so every task goes to exactly one claimer and no claimer comes back empty
-// while an unclaimed eligible task exists; on SQLite the single connection
-// serialises claimers.
-func (q *Q) ClaimTask(workerID uuid.UUID) (Task, bool, error) {
+// ClaimTasks atomically moves up to limit of the oldest pending tasks of the
+// worker's linked (non-internal) jobs to claimed for that worker, and returns
+// them in seq order (none when nothing is claimable). On PostgreSQL
+// concurrent claimers skip each other's locked rows, so every task goes to
+// exactly one claimer; on SQLite the single connection serialises claimers.
+// (The PostgreSQL request path uses DB.ClaimTasksHot.)
+func (q *Q) ClaimTasks(workerID uuid.UUID, limit int) ([]Task, error) {
 	lock := ""
 	if q.d == Postgres {
 		lock = " FOR UPDATE SKIP LOCKED"
 	}
 	var ids []uuid.UUID
 	err := q.g.Raw("UPDATE tasks SET status = 'claimed', worker_id = ?, attempt = attempt + 1, claimed_at = "+q.now()+", updated_at = "+q.now()+
-		" WHERE id = (SELECT t.id FROM tasks t WHERE t.status = 'pending' AND t.job_id IN"+
+		" WHERE id IN (SELECT t.id FROM tasks t WHERE t.status = 'pending' AND t.job_id IN"+
 		" (SELECT l.job_id FROM worker_job_links l JOIN jobs j ON j.id = l.job_id WHERE l.worker_id = ? AND j.room_id <> '@internal')"+
-		" ORDER BY t.seq LIMIT 1"+lock+") RETURNING id", workerID, workerID).Scan(&ids).Error
+		" ORDER BY t.seq LIMIT ?"+lock+") RETURNING id", workerID, workerID, limit).Scan(&ids).Error
 	if err != nil {
-		return Task{}, false, fmt.Errorf("claim task: %w", mapErr(err))
+		return nil, fmt.Errorf("claim task: %w", mapErr(err))
 	}
-	if len(ids) == 0 {
-		return Task{}, false, nil
-	}
-	t, err := q.GetTask(ids[0])
-	return t, err == nil, err
+	return q.GetTasks(ids)
 }
 
 // TransitionTask moves a task from one status to another if it is still in
