@@ -11,7 +11,8 @@
 //
 // W workers loop until the round's queue is empty. It prints, per system,
 // the median over rounds of tasks/s, the claim p50/p99 over every claim, and
-// statements per task, then the ratio joblib/raw.
+// statements per task, then the ratio joblib/raw. -bus pg adds the NOTIFY
+// that serve sends to other nodes; -raw-notify puts one in each raw statement.
 //
 //	go run ./bench/claim -db postgres://postgres@127.0.0.1:5432/test -workers 8 -tasks 2000 -rounds 3
 //	go run ./bench/claim -workers 8 -tasks 2000        # SQLite in a temp dir (joblib only)
@@ -38,6 +39,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/zndraw/joblib/events"
 	"github.com/zndraw/joblib/joblib"
 	"github.com/zndraw/joblib/models"
 	"github.com/zndraw/joblib/server"
@@ -48,6 +50,8 @@ type options struct {
 	workers, tasks, rounds int
 	batch                  int
 	cpuprofile             string
+	bus                    string
+	rawNotify              bool
 }
 
 func main() {
@@ -57,6 +61,8 @@ func main() {
 	flag.IntVar(&o.tasks, "tasks", 2000, "tasks per round")
 	flag.IntVar(&o.rounds, "rounds", 3, "rounds of each system, interleaved")
 	flag.IntVar(&o.batch, "batch", 1, "tasks per joblib claim: 1 uses POST /tasks/claim, more uses POST /tasks/claim-batch")
+	flag.StringVar(&o.bus, "bus", "local", "PostgreSQL event bus: local (in-process, one node) or pg (NOTIFY to other nodes, as serve runs on PostgreSQL)")
+	flag.BoolVar(&o.rawNotify, "raw-notify", false, "the raw loop also sends a pg_notify inside each of its statements")
 	flag.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the joblib rounds to this file")
 	flag.Parse()
 	if err := run(context.Background(), o); err != nil {
@@ -138,7 +144,11 @@ func run(ctx context.Context, o options) error {
 	fmt.Printf("database=%s workers=%d tasks/round=%d rounds=%d\n", db.Dialect(), o.workers, o.tasks, o.rounds)
 	jt := summary(label, jrs, db.Dialect() == models.Postgres)
 	if rb != nil {
-		rt := summary("raw", rrs, true)
+		name := "raw"
+		if o.rawNotify {
+			name = "raw+notify"
+		}
+		rt := summary(name, rrs, true)
 		fmt.Printf("ratio joblib/raw=%.2f (per round:", jt/rt)
 		for i := range jrs {
 			fmt.Printf(" %.2f", rate(jrs[i])/rate(rrs[i]))
@@ -195,7 +205,16 @@ type joblibBench struct {
 }
 
 func newJoblibBench(ctx context.Context, db *models.DB, statements *atomic.Int64, o options) (*joblibBench, error) {
-	svc := joblib.New(joblib.Config{DB: db})
+	cfg := joblib.Config{DB: db}
+	if db.Dialect() == models.Postgres && o.bus == "pg" {
+		// As deployed: events reach other nodes by NOTIFY.
+		bus := events.NewPGBus(db.Pool, "bench", nil)
+		if err := bus.Start(ctx); err != nil {
+			return nil, err
+		}
+		cfg.Bus = bus
+	}
+	svc := joblib.New(cfg)
 	// A normal user: the contract's owner checks run on every request.
 	token, _, err := svc.CreateToken(ctx, "bench", false)
 	if err != nil {
@@ -218,6 +237,9 @@ func newJoblibBench(ctx context.Context, db *models.DB, statements *atomic.Int64
 func (b *joblibBench) close() {
 	b.srv.Close()
 	b.svc.Close()
+	if pb, ok := b.svc.Bus().(*events.PGBus); ok {
+		pb.Stop()
+	}
 }
 
 func (b *joblibBench) round(ctx context.Context) (result, error) {
@@ -345,6 +367,14 @@ func (b *rawBench) round(ctx context.Context) (result, error) {
 	if _, err := b.pool.Exec(ctx, "INSERT INTO raw_tasks (payload) SELECT jsonb_build_object('i', i) FROM generate_series(1, $1) i", b.o.tasks); err != nil {
 		return result{}, fmt.Errorf("fill raw_tasks: %w", err)
 	}
+	claim := `UPDATE raw_tasks SET status = 'running', worker = $1, claimed_at = now()
+		WHERE id = (SELECT id FROM raw_tasks WHERE status = 'pending' ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
+		RETURNING id`
+	complete := "UPDATE raw_tasks SET status = 'completed', completed_at = now() WHERE id = $1"
+	if b.o.rawNotify {
+		claim = "WITH c AS (" + claim + ") SELECT id FROM c WHERE pg_notify('raw_bench', id::text)::text IS NOT NULL"
+		complete = "WITH c AS (" + complete + " RETURNING id) SELECT count(pg_notify('raw_bench', id::text)::text) FROM c"
+	}
 	lat := make([][]time.Duration, b.o.workers)
 	var failed atomic.Value
 	var wg sync.WaitGroup
@@ -355,9 +385,7 @@ func (b *rawBench) round(ctx context.Context) (result, error) {
 			for {
 				t0 := time.Now()
 				var id int64
-				err := b.pool.QueryRow(ctx, `UPDATE raw_tasks SET status = 'running', worker = $1, claimed_at = now()
-					WHERE id = (SELECT id FROM raw_tasks WHERE status = 'pending' ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
-					RETURNING id`, w).Scan(&id)
+				err := b.pool.QueryRow(ctx, claim, w).Scan(&id)
 				if err == pgx.ErrNoRows {
 					return
 				}
@@ -366,7 +394,7 @@ func (b *rawBench) round(ctx context.Context) (result, error) {
 					return
 				}
 				lat[w] = append(lat[w], time.Since(t0))
-				if _, err := b.pool.Exec(ctx, "UPDATE raw_tasks SET status = 'completed', completed_at = now() WHERE id = $1", id); err != nil {
+				if _, err := b.pool.Exec(ctx, complete, id); err != nil {
 					failed.Store(err)
 					return
 				}
