@@ -7,11 +7,31 @@ import (
 	"github.com/google/uuid"
 )
 
-const taskSelect = `SELECT t.id, t.seq, t.job_id, t.worker_id, t.lost_worker_id, t.room_id, t.created_by_id, t.payload, t.status, t.attempt,
+// taskCols are a task's columns and what the API shows of its job.
+const taskCols = `t.id, t.seq, t.job_id, t.worker_id, t.lost_worker_id, t.room_id, t.created_by_id, t.payload, t.status, t.attempt,
  t.created_at, t.claimed_at, t.started_at, t.completed_at, t.error, t.result,
- j.room_id AS job_room, j.category AS job_category, j.name AS job_name, j.on_worker_loss, j.max_attempts,
+ j.room_id AS job_room, j.category AS job_category, j.name AS job_name, j.on_worker_loss, j.max_attempts`
+
+// taskSelect reads single tasks: a pending task's queue position is a count
+// over the (job_id, status, seq) index up to it, linear in the position.
+const taskSelect = `SELECT ` + taskCols + `,
  CASE WHEN t.status = 'pending' THEN (SELECT count(*) FROM tasks p WHERE p.job_id = t.job_id AND p.status = 'pending' AND p.seq <= t.seq) END AS queue_position
  FROM tasks t LEFT JOIN jobs j ON j.id = t.job_id `
+
+// tasksSelect reads many tasks (cond over t and j; tail orders and pages
+// them) and ranks, in one pass, the pending tasks of the jobs involved up to
+// the newest pending one read: the queue positions of a page cost one scan of
+// those pending tasks, never a count per row. The caller appends the final
+// ORDER BY over the columns of page.
+func tasksSelect(cond, tail string) string {
+	return `WITH page AS MATERIALIZED (SELECT ` + taskCols + ` FROM tasks t LEFT JOIN jobs j ON j.id = t.job_id ` + cond + ` ` + tail + `),
+ ranks AS MATERIALIZED (SELECT r.id, r.queue_position FROM (
+  SELECT p.id, row_number() OVER (PARTITION BY p.job_id ORDER BY p.seq) AS queue_position FROM tasks p
+  WHERE p.status = 'pending' AND p.job_id IN (SELECT job_id FROM page WHERE status = 'pending')
+  AND p.seq <= (SELECT max(seq) FROM page WHERE status = 'pending')) r
+  WHERE r.id IN (SELECT id FROM page WHERE status = 'pending'))
+ SELECT page.*, ranks.queue_position FROM page LEFT JOIN ranks ON ranks.id = page.id `
+}
 
 // InsertTask creates a task with the given status and returns it as the API shows it.
 func (q *Q) InsertTask(id, jobID uuid.UUID, roomID string, createdBy *uuid.UUID, payload, status string) (Task, error) {
@@ -45,7 +65,7 @@ func (q *Q) GetTasks(ids []uuid.UUID) ([]Task, error) {
 	var ts []Task
 	for start := 0; start < len(ids); start += chunk {
 		var part []Task
-		if err := q.g.Raw(taskSelect+"WHERE t.id IN ? ORDER BY t.seq", ids[start:min(start+chunk, len(ids))]).Scan(&part).Error; err != nil {
+		if err := q.g.Raw(tasksSelect("WHERE t.id IN ?", "")+"ORDER BY page.seq", ids[start:min(start+chunk, len(ids))]).Scan(&part).Error; err != nil {
 			return nil, fmt.Errorf("read tasks: %w", mapErr(err))
 		}
 		ts = append(ts, part...)
@@ -83,7 +103,8 @@ func (q *Q) ListTasks(f TaskFilter, p Page) ([]Task, int64, error) {
 	}
 	ts := []Task{}
 	if p.Limit > 0 {
-		err := q.g.Raw(taskSelect+cond+" ORDER BY t.created_at DESC, t.seq DESC LIMIT ? OFFSET ?", append(args, p.Limit, p.Offset)...).Scan(&ts).Error
+		err := q.g.Raw(tasksSelect(cond, "ORDER BY t.created_at DESC, t.seq DESC LIMIT ? OFFSET ?")+"ORDER BY page.created_at DESC, page.seq DESC",
+			append(args, p.Limit, p.Offset)...).Scan(&ts).Error
 		if err != nil {
 			return nil, 0, fmt.Errorf("list tasks: %w", mapErr(err))
 		}
