@@ -43,15 +43,22 @@ func (s *Service) publishHot(ctx context.Context, hts []models.HotTask) []Task {
 	}
 	tb.Deliver(ems)
 	if len(late) > 0 {
-		msg, err := tb.Notification(context.WithoutCancel(ctx), late)
-		if err == nil {
-			err = s.db.NotifyNow(context.WithoutCancel(ctx), events.Channel, msg)
-		}
-		if err != nil {
-			s.log.Error("publish events", "count", len(late), "err", err)
-		}
+		s.notifyLate(ctx, tb, late)
 	}
 	return out
+}
+
+// notifyLate sends to other nodes, after the commit, events a hot statement
+// could not send inline (too large for its NOTIFY).
+func (s *Service) notifyLate(ctx context.Context, tb events.TxBus, ems []events.Emission) {
+	ctx = context.WithoutCancel(ctx)
+	msg, err := tb.Notification(ctx, ems)
+	if err == nil {
+		err = s.db.NotifyNow(ctx, events.Channel, msg)
+	}
+	if err != nil {
+		s.log.Error("publish events", "count", len(ems), "err", err)
+	}
 }
 
 // fromStates lists the states a task may move to `to` from, pending excluded

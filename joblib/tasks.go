@@ -50,6 +50,9 @@ func (s *Service) SubmitTask(ctx context.Context, p Principal, room, fullName st
 		}
 		return Task{}, err
 	}
+	if t, ok, err := s.submitHot(ctx, p, room, fullName, body); err != nil || ok {
+		return t, err
+	}
 	var (
 		task     Task
 		internal InternalJob
@@ -112,6 +115,43 @@ func (s *Service) SubmitTask(ctx context.Context, p Principal, room, fullName st
 		s.runner.submit(ctx, internalItem{job: internal, task: task})
 	}
 	return task, nil
+}
+
+// submitHot is SubmitTask's one-statement path on PostgreSQL for a live job
+// that is not @internal; ok is false when it does not apply (the general
+// path then answers: not found, internal jobs).
+func (s *Service) submitHot(ctx context.Context, p Principal, room, fullName, body string) (Task, bool, error) {
+	if s.db.Dialect() != models.Postgres {
+		return Task{}, false, nil
+	}
+	jroom, cat, name, ok := SplitFullName(fullName)
+	if !ok || !addressable(jroom, cat, name) || jroom == RoomInternal {
+		return Task{}, false, nil
+	}
+	n := s.hotNotify()
+	var a models.AvailableFrame
+	if tb := s.txBus(); tb != nil {
+		f := tb.Frame(events.TaskAvailable{}.EventName())
+		a = models.AvailableFrame{Prefix: f.Prefix, Middle: f.Middle, Suffix: f.Suffix, JobRoomPrefix: events.JobRoom("")}
+	}
+	ht, ok, err := s.db.SubmitTaskHot(ctx, uuid.New(), jroom, cat, name, room, p.ID, body, n, a)
+	if err != nil || !ok {
+		return Task{}, false, err
+	}
+	task := taskView(ht.Task)
+	ems := []events.Emission{
+		{Room: events.Room(room), Event: statusEvent(task)},
+		{Room: events.JobRoom(task.JobName), Event: events.TaskAvailable{JobName: task.JobName, RoomID: room, TaskID: task.ID.String()}},
+	}
+	if tb := s.txBus(); tb != nil {
+		tb.Deliver(ems)
+		if !ht.Notified {
+			s.notifyLate(ctx, tb, ems)
+		}
+	} else {
+		s.publish(ctx, ems)
+	}
+	return task, true, nil
 }
 
 // ClaimTask claims the oldest pending task of the worker's jobs. It returns

@@ -196,6 +196,69 @@ func (db *DB) UpdateTaskStatusHot(ctx context.Context, id uuid.UUID, to string, 
 	return t, ok, nil
 }
 
+// submitSQL adds a pending task to the live, non-internal job $1:$2:$3 (held
+// in key share, so the orphan rule cannot retire it meanwhile). The queue
+// position counts the pending tasks ahead of it over the index (the new row
+// is not in the statement's snapshot: hence the 1 +). Besides the status
+// event it sends task_available to the job's workers: parameters $8..$13
+// are the status event's HotNotify, $14..$17 the task_available frame
+// (prefix, middle, suffix, job room prefix).
+var submitSQL = `WITH jj AS (
+	SELECT id FROM jobs WHERE room_id = $1 AND category = $2 AND name = $3 AND deleted = false AND room_id <> '@internal' FOR KEY SHARE
+), u AS (
+	INSERT INTO tasks (id, job_id, room_id, created_by_id, payload, status, created_at, updated_at)
+	SELECT $4, jj.id, $5, $6, $7, 'pending', now(), now() FROM jj
+	RETURNING *
+), v AS (
+	SELECT u.*, 1 + (SELECT count(*) FROM tasks p WHERE p.job_id = u.job_id AND p.status = 'pending' AND p.seq < u.seq) AS position FROM u
+)
+SELECT ` + hotTaskCols + `, u.position, ` + hotNotifyCol(8, "u.position") + `,
+ CASE WHEN $8 <> '' THEN pg_notify($8, $14 || to_json($17 || j.room_id || ':' || j.category || ':' || j.name)::text || $15 ||
+  json_build_object('job_name', j.room_id || ':' || j.category || ':' || j.name, 'room_id', u.room_id, 'task_id', u.id)::text || $16)::text IS NOT NULL
+ ELSE false END
+FROM v u JOIN jobs j ON j.id = u.job_id`
+
+// AvailableFrame is the frame of the task_available event a submission
+// sends to the job's workers (see HotNotify).
+type AvailableFrame struct {
+	Prefix, Middle, Suffix string
+	// JobRoomPrefix turns a job's full name into its workers' room name.
+	JobRoomPrefix string
+}
+
+// SubmitTaskHot adds a pending task to a live job that is not @internal, in
+// one statement, and returns it with its queue position. ok is false when
+// no such job exists (the caller's general path answers).
+func (db *DB) SubmitTaskHot(ctx context.Context, id uuid.UUID, room, category, name, targetRoom string, createdBy uuid.UUID, payload string, n HotNotify, a AvailableFrame) (HotTask, bool, error) {
+	if db.Pool == nil {
+		return HotTask{}, false, ErrNoHotPath
+	}
+	args := append([]any{room, category, name, id, targetRoom, createdBy, payload}, n.args()...)
+	args = append(args, a.Prefix, a.Middle, a.Suffix, a.JobRoomPrefix)
+	rows, err := db.Pool.Query(ctx, submitSQL, args...)
+	if err != nil {
+		return HotTask{}, false, fmt.Errorf("insert task: %w", mapErr(err))
+	}
+	defer rows.Close()
+	var t HotTask
+	ok := false
+	for rows.Next() {
+		var availableSent bool
+		err := rows.Scan(&t.ID, &t.Seq, &t.JobID, &t.WorkerID, &t.LostWorkerID, &t.RoomID, &t.CreatedByID, &t.Payload, &t.Status, &t.Attempt,
+			&t.CreatedAt, &t.ClaimedAt, &t.StartedAt, &t.CompletedAt, &t.Error, &t.Result,
+			&t.JobRoom, &t.JobCategory, &t.JobName, &t.OnWorkerLoss, &t.MaxAttempts, &t.QueuePosition, &t.Notified, &availableSent)
+		if err != nil {
+			return HotTask{}, false, fmt.Errorf("insert task: %w", err)
+		}
+		t.Notified = t.Notified && availableSent
+		ok = true
+	}
+	if err := rows.Err(); err != nil {
+		return HotTask{}, false, fmt.Errorf("insert task: %w", mapErr(err))
+	}
+	return t, ok, nil
+}
+
 // HeartbeatHot refreshes the heartbeat of the user's worker in one
 // statement. ok is false when the worker is missing or someone else's.
 func (db *DB) HeartbeatHot(ctx context.Context, id, userID uuid.UUID) (Worker, bool, error) {

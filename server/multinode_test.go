@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -78,4 +79,38 @@ func TestTwoNodesShareEvents(t *testing.T) {
 		t.Fatal("node B's long-poll was not woken by node A's completion")
 	}
 	ui.waitEvent("task_status_event", 3*time.Second, func(p map[string]any) bool { return p["id"] == id && p["status"] == "completed" })
+}
+
+// The events the one-statement paths build in SQL for other nodes are the
+// events this node delivers: a UI on node B receives, for a task submitted,
+// claimed, run and failed through node A, exactly the payloads a UI on node A
+// receives, and node B's worker socket gets task_available.
+func TestTwoNodesHotEventsMatch(t *testing.T) {
+	t.Parallel()
+	a, b := twoNodes(t)
+	wid := a.registerJob(a.alice, "hm", "modifiers", "Job")["worker_id"].(string)
+	uiA, uiB := mustDialSIO(t, a.url, a.bob), mustDialSIO(t, b.url, b.bob)
+	uiA.mustCall("join_room", map[string]any{"room_id": "hm"})
+	uiB.mustCall("join_room", map[string]any{"room_id": "hm"})
+	w := mustDialSIO(t, b.url, b.alice)
+	w.mustCall("join_job_room", map[string]any{"job_name": "hm:modifiers:Job", "worker_id": wid})
+
+	a.submit(a.bob, "hm", "hm:modifiers:Job", nil)
+	id := a.submit(a.bob, "hm", "hm:modifiers:Job", nil)
+	av := w.waitEvent("task_available", 3*time.Second, func(p map[string]any) bool { return p["task_id"] == id })
+	if av.Payload["job_name"] != "hm:modifiers:Job" || av.Payload["room_id"] != "hm" {
+		t.Fatalf("task_available on node B: %v", av.Payload)
+	}
+	a.claim(a.alice, wid)
+	a.claim(a.alice, wid)
+	a.patch(a.alice, id, "running").want(200)
+	a.do(a.alice, "PATCH", api+"/tasks/"+id, map[string]any{"status": "failed", "error": "boom \"quoted\" ünïcode"}).want(200)
+	for _, status := range []string{"pending", "claimed", "running", "failed"} {
+		match := func(p map[string]any) bool { return p["id"] == id && p["status"] == status }
+		pa := uiA.waitEvent("task_status_event", 3*time.Second, match).Payload
+		pb := uiB.waitEvent("task_status_event", 3*time.Second, match).Payload
+		if fmt.Sprint(pa) != fmt.Sprint(pb) {
+			t.Fatalf("%s event differs between nodes:\nA %v\nB %v", status, pa, pb)
+		}
+	}
 }
