@@ -54,13 +54,22 @@ func (s *seen) waitFor(t *testing.T, room string) []string {
 }
 
 // A mutation's events reach this node's subscribers only after it commits,
-// and other nodes through a NOTIFY sent inside the transaction: a mutation
-// that rolls back publishes nothing anywhere, and the one that commits is
-// seen once on both nodes.
+// and other nodes through a NOTIFY sent inside the transaction (or, with
+// NotifyAfterCommit, right after it): a mutation that rolls back publishes
+// nothing anywhere, and the one that commits is seen once on both nodes.
 func TestMutatePublishesWithTheCommit(t *testing.T) {
 	t.Parallel()
-	for _, d := range dbtest.Dialects {
-		t.Run(string(d), func(t *testing.T) {
+	type mode struct {
+		d     models.Dialect
+		after bool
+	}
+	for _, m := range []mode{{models.SQLite, false}, {models.Postgres, false}, {models.Postgres, true}} {
+		d := m.d
+		name := string(d)
+		if m.after {
+			name += "/notify-after-commit"
+		}
+		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			db := dbtest.Open(t, d)
@@ -87,7 +96,9 @@ func TestMutatePublishesWithTheCommit(t *testing.T) {
 			}
 			local := newSeen()
 			bus.Subscribe(local.add)
-			s := New(Config{DB: db, Bus: bus})
+			st := DefaultSettings()
+			st.NotifyAfterCommit = m.after
+			s := New(Config{DB: db, Bus: bus, Settings: st})
 			t.Cleanup(s.Close)
 
 			boom := errors.New("boom")

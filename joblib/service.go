@@ -187,9 +187,9 @@ func (s *Service) mutate(ctx context.Context, fn func(q *models.Q, em *events.Se
 	return nil
 }
 
-// txBus is the bus when it can publish inside PostgreSQL transactions.
+// txBus is the bus when it publishes inside PostgreSQL transactions.
 func (s *Service) txBus() events.TxBus {
-	if tb, ok := s.bus.(events.TxBus); ok && s.db.Dialect() == models.Postgres {
+	if tb, ok := s.bus.(events.TxBus); ok && s.db.Dialect() == models.Postgres && !s.Settings().NotifyAfterCommit {
 		return tb
 	}
 	return nil

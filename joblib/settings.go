@@ -65,6 +65,14 @@ type Settings struct {
 	// AuditRetention is how long cleanup_events and audit_log rows are kept;
 	// the sweeper deletes older ones. 0 keeps them forever.
 	AuditRetention time.Duration `env:"AUDIT_RETENTION" envDefault:"720h"`
+	// NotifyAfterCommit (PostgreSQL) sends events to other nodes with a
+	// NOTIFY of their own after the change commits, as joblib used to:
+	// at-most-once across a crash between the two. By default the NOTIFY is
+	// part of the change's own transaction (delivered exactly when it
+	// commits, never without it); PostgreSQL serialises the commits of
+	// transactions that NOTIFY, WAL flush included, which caps write
+	// throughput at about one commit per flush (see BENCHMARKS.md).
+	NotifyAfterCommit bool `env:"NOTIFY_AFTER_COMMIT" envDefault:"false"`
 }
 
 // DefaultSettings returns the documented defaults.

@@ -8,12 +8,13 @@ import (
 
 	"github.com/zndraw/joblib/events"
 	"github.com/zndraw/joblib/internal/dbtest"
+	"github.com/zndraw/joblib/joblib"
 	"github.com/zndraw/joblib/models"
 )
 
 // twoNodes starts two API nodes on one PostgreSQL schema, each with its own
 // pool and NOTIFY bus, sharing users and tokens.
-func twoNodes(t *testing.T) (a, b *env) {
+func twoNodes(t *testing.T, opts ...func(*setupOpts)) (a, b *env) {
 	t.Helper()
 	url := dbtest.URL(t, models.Postgres)
 	ctx := context.Background()
@@ -35,15 +36,15 @@ func twoNodes(t *testing.T) (a, b *env) {
 	}
 	dbA, busA := node("a")
 	dbB, busB := node("b")
-	a = setup(t, dbA, withBus(busA), withRealtime(realtimeCfg()))
+	a = setup(t, dbA, append([]func(*setupOpts){withBus(busA), withRealtime(realtimeCfg())}, opts...)...)
 	// The second node shares the first node's users: reuse its tokens.
-	return a, setupShared(t, dbB, busB, a)
+	return a, setupShared(t, dbB, busB, a, opts...)
 }
 
 // setupShared is setup for a node whose users already exist.
-func setupShared(t *testing.T, db *models.DB, bus events.Bus, first *env) *env {
+func setupShared(t *testing.T, db *models.DB, bus events.Bus, first *env, opts ...func(*setupOpts)) *env {
 	t.Helper()
-	e := setupNoUsers(t, db, withBus(bus), withRealtime(realtimeCfg()))
+	e := setupNoUsers(t, db, append([]func(*setupOpts){withBus(bus), withRealtime(realtimeCfg())}, opts...)...)
 	e.admin, e.alice, e.bob = first.admin, first.alice, first.bob
 	return e
 }
@@ -87,7 +88,16 @@ func TestTwoNodesShareEvents(t *testing.T) {
 // receives, and node B's worker socket gets task_available.
 func TestTwoNodesHotEventsMatch(t *testing.T) {
 	t.Parallel()
-	a, b := twoNodes(t)
+	for _, after := range []bool{false, true} {
+		t.Run(fmt.Sprintf("notify-after-commit=%v", after), func(t *testing.T) {
+			t.Parallel()
+			a, b := twoNodes(t, withSettings(func(s *joblib.Settings) { s.NotifyAfterCommit = after }))
+			testTwoNodesHotEventsMatch(t, a, b)
+		})
+	}
+}
+
+func testTwoNodesHotEventsMatch(t *testing.T, a, b *env) {
 	wid := a.registerJob(a.alice, "hm", "modifiers", "Job")["worker_id"].(string)
 	uiA, uiB := mustDialSIO(t, a.url, a.bob), mustDialSIO(t, b.url, b.bob)
 	uiA.mustCall("join_room", map[string]any{"room_id": "hm"})
