@@ -52,6 +52,7 @@ type options struct {
 	cpuprofile             string
 	bus                    string
 	rawNotify              bool
+	notifyAfterCommit      bool
 }
 
 func main() {
@@ -62,6 +63,7 @@ func main() {
 	flag.IntVar(&o.rounds, "rounds", 3, "rounds of each system, interleaved")
 	flag.IntVar(&o.batch, "batch", 1, "tasks per joblib claim: 1 uses POST /tasks/claim, more uses POST /tasks/claim-batch")
 	flag.StringVar(&o.bus, "bus", "local", "PostgreSQL event bus: local (in-process, one node) or pg (NOTIFY to other nodes, as serve runs on PostgreSQL)")
+	flag.BoolVar(&o.notifyAfterCommit, "notify-after-commit", false, "with -bus pg: NOTIFY other nodes after each commit (JOBLIB_NOTIFY_AFTER_COMMIT)")
 	flag.BoolVar(&o.rawNotify, "raw-notify", false, "the raw loop also sends a pg_notify inside each of its statements")
 	flag.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the joblib rounds to this file")
 	flag.Parse()
@@ -206,6 +208,10 @@ type joblibBench struct {
 
 func newJoblibBench(ctx context.Context, db *models.DB, statements *atomic.Int64, o options) (*joblibBench, error) {
 	cfg := joblib.Config{DB: db}
+	if o.notifyAfterCommit {
+		cfg.Settings = joblib.DefaultSettings()
+		cfg.Settings.NotifyAfterCommit = true
+	}
 	if db.Dialect() == models.Postgres && o.bus == "pg" {
 		// As deployed: events reach other nodes by NOTIFY.
 		bus := events.NewPGBus(db.Pool, "bench", nil)
