@@ -21,13 +21,15 @@ type Bus interface {
 
 // TxBus is a Bus whose delivery to other nodes rides inside the mutation's
 // own database transaction: the mutation sends Notification's payload with
-// pg_notify(Channel, payload) before it commits, so PostgreSQL delivers it
+// pg_notify(Channel(), payload) before it commits, so PostgreSQL delivers it
 // exactly when the change commits and never without it, at no extra round
 // trip. After the commit the caller hands the same emissions to Deliver for
 // this node's subscribers; nothing is delivered in-process before the commit.
 type TxBus interface {
 	Bus
-	// Notification encodes ems as one NOTIFY payload for Channel.
+	// Channel is the NOTIFY channel the nodes listen on.
+	Channel() string
+	// Notification encodes ems as one NOTIFY payload for Channel().
 	Notification(ctx context.Context, ems []Emission) (string, error)
 	// Frame describes a one-event batch to a statement that builds the
 	// payload from the row it changes (see NotifyFrame).

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -30,9 +31,15 @@ type PGBus struct {
 	done   chan struct{}
 	ready  chan struct{}
 	lastGC time.Time
+	// channel is Channel, qualified by the schema (set by Start).
+	channel string
 }
 
-// Channel is the NOTIFY channel joblib nodes share.
+// Channel is the NOTIFY channel joblib nodes share when their tables are in
+// the public schema. NOTIFY channels belong to the whole database, so nodes
+// whose tables live in another schema (a deployment per schema, or tests)
+// use Channel + "_" + schema: deployments sharing a database never hear each
+// other's events.
 const Channel = "joblib_events"
 
 // maxNotify is the largest NOTIFY payload sent inline; PostgreSQL refuses
@@ -48,7 +55,7 @@ func NewPGBus(pool *pgxpool.Pool, node string, log *slog.Logger) *PGBus {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &PGBus{LocalBus: NewLocalBus(), pool: pool, node: node, log: log, ready: make(chan struct{})}
+	return &PGBus{LocalBus: NewLocalBus(), pool: pool, node: node, log: log, ready: make(chan struct{}), channel: Channel}
 }
 
 type wireBatch struct {
@@ -72,6 +79,16 @@ func (b *PGBus) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("create event spill table: %w", err)
 	}
+	var schema string
+	if err := b.pool.QueryRow(ctx, "SELECT current_schema()").Scan(&schema); err != nil {
+		return fmt.Errorf("read schema: %w", err)
+	}
+	b.mu.Lock()
+	b.channel = Channel
+	if schema != "public" {
+		b.channel = Channel + "_" + schema
+	}
+	b.mu.Unlock()
 	lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	b.mu.Lock()
 	b.cancel = cancel
@@ -112,13 +129,20 @@ func (b *PGBus) Publish(ctx context.Context, ems []Emission) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if _, err := b.pool.Exec(ctx, "SELECT pg_notify($1, $2)", Channel, msg); err != nil {
+	if _, err := b.pool.Exec(ctx, "SELECT pg_notify($1, $2)", b.Channel(), msg); err != nil {
 		return fmt.Errorf("notify event batch: %w", err)
 	}
 	return nil
 }
 
-// Notification implements TxBus: the NOTIFY payload on Channel that carries
+// Channel implements TxBus: the NOTIFY channel of this bus's nodes.
+func (b *PGBus) Channel() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.channel
+}
+
+// Notification implements TxBus: the NOTIFY payload on Channel() that carries
 // ems to the other nodes. A batch too large for NOTIFY is stored in the spill
 // table first (in its own short transaction: a spilled batch whose NOTIFY
 // never commits is only garbage, collected later) and referenced by id.
@@ -153,7 +177,7 @@ func (b *PGBus) Frame(eventName string) NotifyFrame {
 	node, _ := json.Marshal(b.node)
 	name, _ := json.Marshal(eventName)
 	return NotifyFrame{
-		Channel: Channel,
+		Channel: b.Channel(),
 		Prefix:  `{"n":` + string(node) + `,"e":[{"r":`,
 		Middle:  `,"t":` + string(name) + `,"p":`,
 		Suffix:  `}]}`,
@@ -209,7 +233,7 @@ func (b *PGBus) listenOnce(ctx context.Context, subscribed func()) error {
 	// it is never handed to another user, and close it when done.
 	conn := pooled.Hijack()
 	defer conn.Close(context.WithoutCancel(ctx))
-	if _, err := conn.Exec(ctx, "LISTEN "+Channel); err != nil {
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{b.Channel()}.Sanitize()); err != nil {
 		return err
 	}
 	subscribed()

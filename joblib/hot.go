@@ -54,7 +54,7 @@ func (s *Service) notifyLate(ctx context.Context, tb events.TxBus, ems []events.
 	ctx = context.WithoutCancel(ctx)
 	msg, err := tb.Notification(ctx, ems)
 	if err == nil {
-		err = s.db.NotifyNow(ctx, events.Channel, msg)
+		err = s.db.NotifyNow(ctx, tb.Channel(), msg)
 	}
 	if err != nil {
 		s.log.Error("publish events", "count", len(ems), "err", err)

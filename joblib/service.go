@@ -174,7 +174,7 @@ func (s *Service) mutate(ctx context.Context, fn func(q *models.Q, em *events.Se
 		if err != nil {
 			return err
 		}
-		return q.Notify(events.Channel, msg)
+		return q.Notify(tb.Channel(), msg)
 	})
 	if err != nil {
 		return err
