@@ -112,6 +112,15 @@ func (q *Q) ListTasks(f TaskFilter, p Page) ([]Task, int64, error) {
 	return ts, total, nil
 }
 
+// ClaimTask is ClaimTasks for one task; ok is false when nothing is claimable.
+func (q *Q) ClaimTask(workerID uuid.UUID) (Task, bool, error) {
+	ts, err := q.ClaimTasks(workerID, 1)
+	if err != nil || len(ts) == 0 {
+		return Task{}, false, err
+	}
+	return ts[0], true, nil
+}
+
 // ClaimTasks atomically moves up to limit of the oldest pending tasks of the
 // worker's linked (non-internal) jobs to claimed for that worker, and returns
 // them in seq order (none when nothing is claimable). On PostgreSQL

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -42,6 +43,7 @@ type setupOpts struct {
 	serverCfg   *server.Config
 	publicReads bool
 	realtime    *server.RealtimeConfig
+	realtimeLog *slog.Logger
 	bus         events.Bus
 }
 
@@ -104,7 +106,7 @@ func setupNoUsers(t testing.TB, db *models.DB, opts ...func(*setupOpts)) *env {
 	api := server.New(svc, cfg, nil)
 	var rt *server.Realtime
 	if o.realtime != nil {
-		rt = api.NewRealtime(*o.realtime, nil)
+		rt = api.NewRealtime(*o.realtime, o.realtimeLog)
 		api.Handle("/socket.io/", rt)
 		rt.Start()
 	}
