@@ -1,6 +1,7 @@
 package events
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -26,11 +27,17 @@ type PGBus struct {
 	node string
 	log  *slog.Logger
 
-	mu     sync.Mutex
-	cancel context.CancelFunc
-	done   chan struct{}
-	ready  chan struct{}
-	lastGC time.Time
+	// SpillRetention is how long a spilled batch is kept for slow
+	// listeners, and SpillCleanInterval how often older ones are deleted.
+	// Set them before Start; zero means the defaults (5 min, 1 min).
+	SpillRetention     time.Duration
+	SpillCleanInterval time.Duration
+
+	mu      sync.Mutex
+	cancel  context.CancelFunc
+	done    chan struct{}
+	cleaned chan struct{}
+	ready   chan struct{}
 	// channel is Channel, qualified by the schema (set by Start).
 	channel string
 }
@@ -46,8 +53,11 @@ const Channel = "joblib_events"
 // 8000 bytes and more.
 const maxNotify = 7900
 
-// spillRetention is how long a spilled batch is kept for slow listeners.
-const spillRetention = 5 * time.Minute
+// Defaults of PGBus.SpillRetention and PGBus.SpillCleanInterval.
+const (
+	DefaultSpillRetention     = 5 * time.Minute
+	DefaultSpillCleanInterval = time.Minute
+)
 
 // NewPGBus builds a bus over pool; node must be unique per running process
 // (its own messages are skipped on receipt). Call Start before publishing.
@@ -70,9 +80,10 @@ type wireItem struct {
 	Payload json.RawMessage `json:"p"`
 }
 
-// Start creates the spill table if needed and starts listening. It returns
-// once the listener is subscribed (so nothing published afterwards by other
-// nodes is missed) or ctx ends.
+// Start creates the spill table if needed, starts listening and starts
+// deleting old spilled batches every SpillCleanInterval. It returns once the
+// listener is subscribed (so nothing published afterwards by other nodes is
+// missed) or ctx ends.
 func (b *PGBus) Start(ctx context.Context) error {
 	_, err := b.pool.Exec(ctx, `CREATE UNLOGGED TABLE IF NOT EXISTS joblib_event_spill (
 		id bigserial PRIMARY KEY, payload text NOT NULL, created_at timestamptz NOT NULL DEFAULT now())`)
@@ -93,8 +104,10 @@ func (b *PGBus) Start(ctx context.Context) error {
 	b.mu.Lock()
 	b.cancel = cancel
 	b.done = make(chan struct{})
+	b.cleaned = make(chan struct{})
 	b.mu.Unlock()
 	go b.listen(lctx)
+	go b.cleanSpill(lctx)
 	select {
 	case <-b.ready:
 		return nil
@@ -103,16 +116,17 @@ func (b *PGBus) Start(ctx context.Context) error {
 	}
 }
 
-// Stop ends the listener and waits for it.
+// Stop ends the listener and the spill cleaner and waits for them.
 func (b *PGBus) Stop() {
 	b.mu.Lock()
-	cancel, done := b.cancel, b.done
+	cancel, done, cleaned := b.cancel, b.done, b.cleaned
 	b.mu.Unlock()
 	if cancel == nil {
 		return
 	}
 	cancel()
 	<-done
+	<-cleaned
 }
 
 // Publish implements Bus for emissions that no transaction produced: local
@@ -145,7 +159,8 @@ func (b *PGBus) Channel() string {
 // Notification implements TxBus: the NOTIFY payload on Channel() that carries
 // ems to the other nodes. A batch too large for NOTIFY is stored in the spill
 // table first (in its own short transaction: a spilled batch whose NOTIFY
-// never commits is only garbage, collected later) and referenced by id.
+// never commits is only garbage, deleted by the spill cleaner) and referenced
+// by id.
 func (b *PGBus) Notification(ctx context.Context, ems []Emission) (string, error) {
 	batch := wireBatch{Node: b.node, Items: make([]wireItem, len(ems))}
 	for i, e := range ems {
@@ -164,7 +179,6 @@ func (b *PGBus) Notification(ctx context.Context, ems []Emission) (string, error
 	if err := b.pool.QueryRow(ctx, "INSERT INTO joblib_event_spill (payload) VALUES ($1) RETURNING id", string(msg)).Scan(&id); err != nil {
 		return "", fmt.Errorf("spill event batch: %w", err)
 	}
-	b.gcSpill(ctx)
 	msg, _ = json.Marshal(wireBatch{Node: b.node, Ref: id})
 	return string(msg), nil
 }
@@ -187,19 +201,27 @@ func (b *PGBus) Frame(eventName string) NotifyFrame {
 // MaxNotifyBytes is the largest NOTIFY payload a statement may send inline.
 const MaxNotifyBytes = maxNotify
 
-// gcSpill deletes old spilled batches, at most once a minute.
-func (b *PGBus) gcSpill(ctx context.Context) {
-	b.mu.Lock()
-	due := time.Since(b.lastGC) > time.Minute
-	if due {
-		b.lastGC = time.Now()
-	}
-	b.mu.Unlock()
-	if !due {
-		return
-	}
-	if _, err := b.pool.Exec(ctx, "DELETE FROM joblib_event_spill WHERE created_at < now() - $1::interval", fmt.Sprintf("%d seconds", int(spillRetention.Seconds()))); err != nil {
-		b.log.Warn("clean event spill table", "err", err)
+// cleanSpill deletes spilled batches older than SpillRetention (by the
+// database's clock) every SpillCleanInterval, whether or not anything is
+// spilled meanwhile, until ctx ends. Every node does it; the statement is
+// cheap and idempotent.
+func (b *PGBus) cleanSpill(ctx context.Context) {
+	defer close(b.cleaned)
+	keep := cmp.Or(b.SpillRetention, DefaultSpillRetention)
+	t := time.NewTicker(cmp.Or(b.SpillCleanInterval, DefaultSpillCleanInterval))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err := b.pool.Exec(qctx, "DELETE FROM joblib_event_spill WHERE created_at < now() - $1 * interval '1 millisecond'", keep.Milliseconds())
+		cancel()
+		if err != nil && ctx.Err() == nil {
+			b.log.Warn("clean event spill table", "err", err)
+		}
 	}
 }
 

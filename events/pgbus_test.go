@@ -107,3 +107,49 @@ func TestPGBusCrossNode(t *testing.T) {
 		t.Fatalf("remote node received %d emissions, want 3", n)
 	}
 }
+
+// Spilled batches older than the retention are deleted on a timer, even when
+// nothing is spilled any more; younger ones stay for slow listeners.
+func TestPGBusCleansSpillOnTimer(t *testing.T) {
+	t.Parallel()
+	url := dbtest.URL(t, models.Postgres)
+	ctx := context.Background()
+	db, err := models.Open(ctx, url, models.OpenOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	b := events.NewPGBus(db.Pool, "node-a", nil)
+	b.SpillRetention = time.Minute
+	b.SpillCleanInterval = 20 * time.Millisecond
+	if err := b.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Stop)
+	var old, young int64
+	if err := db.Pool.QueryRow(ctx, "INSERT INTO joblib_event_spill (payload, created_at) VALUES ('{}', now() - interval '61 seconds') RETURNING id").Scan(&old); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Pool.QueryRow(ctx, "INSERT INTO joblib_event_spill (payload, created_at) VALUES ('{}', now() - interval '50 seconds') RETURNING id").Scan(&young); err != nil {
+		t.Fatal(err)
+	}
+	count := func(id int64) int {
+		var n int
+		if err := db.Pool.QueryRow(ctx, "SELECT count(*) FROM joblib_event_spill WHERE id = $1", id).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for count(old) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("an old spilled batch was not cleaned within 10s of 20ms intervals")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if count(young) != 1 {
+		t.Fatal("a spilled batch younger than the retention was deleted")
+	}
+	b.Stop()
+	b.Stop() // idempotent
+}

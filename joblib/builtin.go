@@ -3,8 +3,11 @@ package joblib
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/zndraw/joblib/events"
 	"github.com/zndraw/joblib/models"
 )
@@ -47,6 +50,50 @@ func RoomSummaryJob(s *Service) InternalJob {
 			return json.Marshal(sum)
 		},
 	}
+}
+
+// BuiltinJobNames are the full names of the internal jobs joblib ships.
+// They are off by default (JOBLIB_BUILTIN_JOBS): a room lists exactly the
+// jobs its clients registered, as with the Python server.
+var BuiltinJobNames = []string{RoomInternal + ":analysis:" + RoomSummaryName}
+
+// builtinKeys are BuiltinJobNames as (category, name) in @internal.
+var builtinKeys = [][2]string{{"analysis", RoomSummaryName}}
+
+// RetireBuiltinJobs soft-deletes the job rows of built-in internal jobs
+// that this process does not run, left by an earlier run that enabled them,
+// so that rooms stop listing them. A row a superuser registered through
+// REST (it has worker links) is left alone.
+func (s *Service) RetireBuiltinJobs(ctx context.Context) error {
+	return s.db.Tx(ctx, func(q *models.Q) error {
+		for _, k := range builtinKeys {
+			full := RoomInternal + ":" + k[0] + ":" + k[1]
+			if _, ok := s.internalJob(full); ok {
+				continue
+			}
+			j, err := q.JobByKey(RoomInternal, k[0], k[1])
+			if errors.Is(err, models.ErrNotFound) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			if j.Deleted {
+				continue
+			}
+			links, err := q.JobWorkerIDs([]uuid.UUID{j.ID})
+			if err != nil {
+				return err
+			}
+			if len(links[j.ID]) > 0 {
+				continue
+			}
+			if err := q.SetJobDeleted(j.ID, true); err != nil {
+				return fmt.Errorf("retire built-in job %s: %w", full, err)
+			}
+		}
+		return nil
+	})
 }
 
 func (s *Service) roomSummary(ctx context.Context, room string) (RoomSummary, error) {

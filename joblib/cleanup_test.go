@@ -21,7 +21,7 @@ func TestCleanupPathsRaceExactlyOnce(t *testing.T) {
 	t.Parallel()
 	dbtest.Each(t, func(t *testing.T, db *models.DB) {
 		b := setup(t, db)
-		const rounds, perRound = 200, 4
+		const rounds, perRound = 100, 4
 		timeout := b.svc.Settings().WorkerTimeout
 		for round := range rounds {
 			failJob := jobSpec{name: "fail" + uuid.NewString()[:8], policy: joblib.OnWorkerLossFail}

@@ -25,6 +25,12 @@ const (
 	CodeValidation               Code = "validation-error"
 	CodePayloadTooLarge          Code = "payload-too-large"
 	CodeUnauthorized             Code = "unauthorized"
+	// CodePolicyConflict: a job's worker-loss policy differs from the one its
+	// creator set, and the caller may not change it.
+	CodePolicyConflict Code = "policy-conflict"
+	// CodeQuotaExceeded: the caller has as many workers, providers or
+	// pending tasks as a per-user quota allows.
+	CodeQuotaExceeded Code = "quota-exceeded"
 )
 
 // Error is a failure the caller caused or must see, with the detail text the

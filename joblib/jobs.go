@@ -52,6 +52,9 @@ func (s *Service) RegisterJob(ctx context.Context, p Principal, room string, r R
 	if err := validateText("name", r.Name, maxNameLen); err != nil {
 		return Job{}, false, err
 	}
+	if err := validateAddressable("job", room, r.Category, r.Name, "tasks"); err != nil {
+		return Job{}, false, err
+	}
 	st := s.Settings()
 	if !st.AllowedCategories.Contains(r.Category) {
 		return Job{}, false, errf(CodeInvalidCategory, "Category '%s' not in allowed list: %s", r.Category, st.AllowedCategories.pyList())
@@ -68,12 +71,18 @@ func (s *Service) RegisterJob(ctx context.Context, p Principal, room string, r R
 	err = s.mutate(ctx, func(q *models.Q, em *events.Set) error {
 		// The worker first (lock order worker → job, as in CleanupWorker);
 		// its error is reported after the job's, in the contract's order.
+		if r.WorkerID == nil {
+			if err := s.checkQuota(q, p, models.UsageWorkers, false); err != nil {
+				return err
+			}
+		}
 		w, werr := workerFor(q, p, r.WorkerID)
 		if werr != nil && !IsCode(werr, CodeWorkerNotFound) {
 			return werr
 		}
+		creator := p.ID
 		row := models.Job{ID: uuid.New(), RoomID: room, Category: r.Category, Name: r.Name, Schema: schema,
-			OnWorkerLoss: policy, MaxAttempts: attempts}
+			OnWorkerLoss: policy, MaxAttempts: attempts, CreatedByID: &creator}
 		inserted, err := q.InsertJobIfAbsent(row)
 		if err != nil {
 			return err
@@ -89,10 +98,10 @@ func (s *Service) RegisterJob(ctx context.Context, p Principal, room string, r R
 		case inserted:
 			created = true
 		case j.Deleted:
-			if created, err = q.ReactivateJob(j.ID, schema, policy, attempts); err != nil {
+			if created, err = q.ReactivateJob(j.ID, schema, policy, attempts, &creator); err != nil {
 				return err
 			}
-			j.Schema, j.Deleted, j.OnWorkerLoss, j.MaxAttempts = schema, false, policy, attempts
+			j.Schema, j.Deleted, j.OnWorkerLoss, j.MaxAttempts, j.CreatedByID = schema, false, policy, attempts, &creator
 		default:
 			same, err := sameJSON(j.Schema, schema)
 			if err != nil {
@@ -102,7 +111,20 @@ func (s *Service) RegisterJob(ctx context.Context, p Principal, room string, r R
 				return errf(CodeSchemaConflict, "Schema mismatch for job '%s'", j.FullName())
 			}
 			if r.OnWorkerLoss != "" && (policy != j.OnWorkerLoss || attempts != j.MaxAttempts) {
+				// The policy is its creator's (or a superuser's) to change;
+				// anyone else linking a worker must agree with it.
+				if !p.Superuser && (j.CreatedByID == nil || *j.CreatedByID != p.ID) {
+					return errf(CodePolicyConflict, "Worker-loss policy mismatch for job '%s': it is on_worker_loss '%s' with max_attempts %d, set by the job's creator",
+						j.FullName(), j.OnWorkerLoss, j.MaxAttempts)
+				}
 				if err := q.SetJobPolicy(j.ID, policy, attempts); err != nil {
+					return err
+				}
+				if err := audit(q, AuditJobPolicy, &j.ID, "user:"+p.Name, map[string]any{
+					"job": j.FullName(), "user_id": p.ID, "superuser": p.Superuser,
+					"from": map[string]any{"on_worker_loss": j.OnWorkerLoss, "max_attempts": j.MaxAttempts},
+					"to":   map[string]any{"on_worker_loss": policy, "max_attempts": attempts},
+				}); err != nil {
 					return err
 				}
 				j.OnWorkerLoss, j.MaxAttempts = policy, attempts

@@ -85,3 +85,24 @@ func providerRoomsVisibleFrom(room string) []string {
 	}
 	return []string{room, RoomGlobal}
 }
+
+// validateAddressable refuses a job or provider whose full name could be
+// registered but never fetched: the REST routes take a trailing "/tasks"
+// (jobs) or "/info" (providers) for a sub-resource, an HTTP router cleans
+// empty, "." and ".." path segments away, and a ':' in the category would
+// move the split between category and name.
+func validateAddressable(kind, room, category, name, subResource string) error {
+	if strings.Contains(category, ":") {
+		return errf(CodeValidation, "%s category must not contain ':'", kind)
+	}
+	full := room + ":" + category + ":" + name
+	if strings.HasSuffix(full, "/"+subResource) {
+		return errf(CodeValidation, "%s name must not end with '/%s' (that path is the %s's %s)", kind, subResource, kind, subResource)
+	}
+	for _, seg := range strings.Split(full, "/")[1:] {
+		if seg == "" || seg == "." || seg == ".." {
+			return errf(CodeValidation, "%s name must not contain empty, '.' or '..' path segments (it could not be addressed in a URL)", kind)
+		}
+	}
+	return nil
+}

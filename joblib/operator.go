@@ -4,14 +4,68 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/zndraw/joblib/events"
 	"github.com/zndraw/joblib/models"
 )
 
-// AuditTaskRetry is the audit_log action of an operator retry.
-const AuditTaskRetry = "task_retry"
+// Audit log actions (audit_log.action) of operator and admin actions.
+const (
+	// AuditTaskRetry: an operator put a failed task back to pending.
+	AuditTaskRetry = "task_retry"
+	// AuditTokenCreate: an operator issued an API token.
+	AuditTokenCreate = "token_create"
+	// AuditTokenRevoke: a token was revoked (by an operator, or at start-up
+	// because JOBLIB_ADMIN_TOKEN changed).
+	AuditTokenRevoke = "token_revoke"
+	// AuditJobPolicy: a job's on_worker_loss/max_attempts changed.
+	AuditJobPolicy = "job_policy_change"
+	// AuditTaskStatus: a superuser changed the status of a task held by
+	// another user's worker (or by none).
+	AuditTaskStatus = "task_status_override"
+	// AuditWorkerDelete: a superuser deleted another user's worker.
+	AuditWorkerDelete = "worker_delete_override"
+	// AuditProviderDelete: a superuser unregistered another user's provider.
+	AuditProviderDelete = "provider_delete_override"
+)
+
+// audit writes one audit_log row with a JSON detail.
+func audit(q *models.Q, action string, subject *uuid.UUID, actor string, detail map[string]any) error {
+	b, err := json.Marshal(detail)
+	if err != nil {
+		return fmt.Errorf("encode %s audit: %w", action, err)
+	}
+	return q.InsertAudit(action, subject, actor, string(b))
+}
+
+// AuditEntry is one audit_log row as `joblib audit list` shows it.
+type AuditEntry struct {
+	ID        uuid.UUID       `json:"id"`
+	Action    string          `json:"action"`
+	SubjectID *uuid.UUID      `json:"subject_id"`
+	Actor     string          `json:"actor"`
+	Detail    json.RawMessage `json:"detail"`
+	CreatedAt time.Time       `json:"created_at"`
+}
+
+// ListAudit returns the newest audit_log rows first, optionally of one action.
+func (s *Service) ListAudit(ctx context.Context, action string, limit int) ([]AuditEntry, error) {
+	es, err := s.db.Q(ctx).ListAuditLog(action, limit)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]AuditEntry, len(es))
+	for i, e := range es {
+		d := json.RawMessage(e.Detail)
+		if !json.Valid(d) {
+			d, _ = json.Marshal(e.Detail)
+		}
+		out[i] = AuditEntry{ID: e.ID, Action: e.Action, SubjectID: e.SubjectID, Actor: e.Actor, Detail: d, CreatedAt: e.CreatedAt.UTC()}
+	}
+	return out, nil
+}
 
 // RetryTask puts a failed task back to pending (joblib tasks retry), keeps
 // its attempt count, writes an audit_log row naming the actor and publishes

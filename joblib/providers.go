@@ -46,6 +46,9 @@ func (s *Service) RegisterProvider(ctx context.Context, p Principal, room string
 	if err := validateText("content_type", r.ContentType, maxCategoryLen); err != nil {
 		return Provider{}, false, err
 	}
+	if err := validateAddressable("provider", room, r.Category, r.Name, "info"); err != nil {
+		return Provider{}, false, err
+	}
 	st := s.Settings()
 	if len(st.AllowedProviderCategories) > 0 && !st.AllowedProviderCategories.Contains(r.Category) {
 		return Provider{}, false, errf(CodeInvalidCategory, "Provider category '%s' not in allowed list: %s", r.Category, st.AllowedProviderCategories.pyList())
@@ -59,6 +62,11 @@ func (s *Service) RegisterProvider(ctx context.Context, p Principal, room string
 		contentType = DefaultContentType
 	}
 	err = s.mutate(ctx, func(q *models.Q, em *events.Set) error {
+		if r.WorkerID == nil {
+			if err := s.checkQuota(q, p, models.UsageWorkers, false); err != nil {
+				return err
+			}
+		}
 		w, err := workerFor(q, p, r.WorkerID)
 		if err != nil {
 			return err
@@ -72,6 +80,11 @@ func (s *Service) RegisterProvider(ctx context.Context, p Principal, room string
 				return errf(CodeWorkerNotFound, "Worker '%s' not found or not owned by user", w.ID)
 			}
 			return err
+		}
+		if inserted {
+			if err := s.checkQuota(q, p, models.UsageProviders, true); err != nil {
+				return err
+			}
 		}
 		cur, err := q.ProviderByKey(room, r.Category, r.Name, true)
 		if err != nil {
@@ -174,6 +187,11 @@ func (s *Service) DeleteProvider(ctx context.Context, p Principal, id uuid.UUID)
 		}
 		if _, err := q.DeleteProvider(id); err != nil {
 			return notFound(err, gone)
+		}
+		if cur.UserID != p.ID {
+			if err := audit(q, AuditProviderDelete, &id, "user:"+p.Name, map[string]any{"user_id": p.ID, "owner_id": cur.UserID, "provider": cur.FullName()}); err != nil {
+				return err
+			}
 		}
 		em.Add(events.Room(cur.RoomID), events.ProvidersInvalidate{})
 		return nil
@@ -289,16 +307,20 @@ func ValidRequestHash(h string) bool {
 // superuser), releases the inflight lock, wakes the readers on every node
 // and tells the provider's room. body is read up to
 // ProviderMaxResultBytes; more is a PayloadTooLarge error and stores nothing.
+//
+// The checks run in the order the Python server answers them: the provider
+// is found (404), then its owner checked (403), and only then is the hash's
+// shape validated (422), so a client learns first that its provider is gone.
 func (s *Service) UploadProviderResult(ctx context.Context, p Principal, id uuid.UUID, hash string, body io.Reader) error {
-	if !ValidRequestHash(hash) {
-		return errf(CodeValidation, "X-Request-Hash must be the request's SHA-256 as 64 lowercase hex digits")
-	}
 	prov, err := s.db.Q(ctx).GetProvider(id)
 	if err != nil {
 		return notFound(err, errf(CodeProviderNotFound, "Provider '%s' not found", id))
 	}
 	if prov.UserID != p.ID && !p.Superuser {
 		return errf(CodeForbidden, "Not authorized to upload results for this provider")
+	}
+	if !ValidRequestHash(hash) {
+		return errf(CodeValidation, "X-Request-Hash must be the request's SHA-256 as 64 lowercase hex digits")
 	}
 	st := s.Settings()
 	data, err := io.ReadAll(io.LimitReader(body, st.ProviderMaxResultBytes+1))

@@ -33,6 +33,10 @@ type Service struct {
 
 	node        Node
 	fpObservers []func(FalsePositive)
+	pruneObs    []func(status string, n int64)
+
+	// touched: token id -> when this process last recorded its use.
+	touched sync.Map
 }
 
 // Config is what a Service is built from.
@@ -62,6 +66,7 @@ func New(cfg Config) *Service {
 	def := DefaultSettings()
 	cfg.Settings.ProviderMaxResultBytes = cmp.Or(cfg.Settings.ProviderMaxResultBytes, def.ProviderMaxResultBytes)
 	cfg.Settings.InternalWorkers = cmp.Or(cfg.Settings.InternalWorkers, def.InternalWorkers)
+	cfg.Settings.TaskRetentionBatch = cmp.Or(cfg.Settings.TaskRetentionBatch, def.TaskRetentionBatch)
 	if cfg.ResultCache == nil {
 		cfg.ResultCache = DefaultResultCache(cfg.DB, cfg.Logger)
 	}

@@ -39,6 +39,10 @@ type Settings struct {
 	// ProviderMaxResultBytes caps one uploaded provider result; a larger
 	// upload answers 413 and stores nothing.
 	ProviderMaxResultBytes int64 `env:"PROVIDER_MAX_RESULT_BYTES" envDefault:"16777216"`
+	// TaskMaxResultBytes caps the `result` a worker reports with a task's
+	// completion (PATCH /tasks/{id}); a larger one answers 413 and changes
+	// nothing.
+	TaskMaxResultBytes int64 `env:"TASK_MAX_RESULT_BYTES" envDefault:"1048576"`
 	// InternalWorkers is how many @internal tasks run at once inside the server.
 	InternalWorkers int `env:"INTERNAL_WORKERS" envDefault:"4"`
 	// InternalQueue is how many @internal tasks may wait for a worker; a
@@ -65,6 +69,21 @@ type Settings struct {
 	// AuditRetention is how long cleanup_events and audit_log rows are kept;
 	// the sweeper deletes older ones. 0 keeps them forever.
 	AuditRetention time.Duration `env:"AUDIT_RETENTION" envDefault:"720h"`
+
+	// TaskRetentionCompleted is how long completed and cancelled tasks are
+	// kept after they finished (database clock); the sweeper deletes older
+	// ones in batches. 0 keeps them forever.
+	TaskRetentionCompleted time.Duration `env:"TASK_RETENTION_COMPLETED" envDefault:"24h"`
+	// TaskRetentionFailed is the same for failed tasks. 0 keeps them.
+	TaskRetentionFailed time.Duration `env:"TASK_RETENTION_FAILED" envDefault:"168h"`
+	// TaskRetentionBatch is how many tasks one retention statement deletes
+	// (1..10000); a pass runs at most taskPruneMaxBatches of them.
+	TaskRetentionBatch int `env:"TASK_RETENTION_BATCH" envDefault:"1000"`
+	// Per-user quotas (0 = unlimited; superusers are exempt): past them a
+	// creation answers 429 quota-exceeded.
+	UserMaxWorkers      int `env:"USER_MAX_WORKERS" envDefault:"1000"`
+	UserMaxProviders    int `env:"USER_MAX_PROVIDERS" envDefault:"1000"`
+	UserMaxPendingTasks int `env:"USER_MAX_PENDING_TASKS" envDefault:"10000"`
 	// NotifyAfterCommit (PostgreSQL) sends events to other nodes with a
 	// NOTIFY of their own after the change commits, as joblib used to:
 	// at-most-once across a crash between the two. By default the NOTIFY is
@@ -88,11 +107,18 @@ func DefaultSettings() Settings {
 		ProviderLongPollDefault: 5 * time.Second,
 		ProviderLongPollMax:     30 * time.Second,
 		ProviderMaxResultBytes:  16 << 20,
+		TaskMaxResultBytes:      1 << 20,
 		InternalWorkers:         4,
 		InternalQueue:           256,
 		SweepBatchSize:          500,
 		SweepCapMinWorkers:      10,
 		AuditRetention:          720 * time.Hour,
+		TaskRetentionCompleted:  24 * time.Hour,
+		TaskRetentionFailed:     168 * time.Hour,
+		TaskRetentionBatch:      1000,
+		UserMaxWorkers:          1000,
+		UserMaxProviders:        1000,
+		UserMaxPendingTasks:     10000,
 	}
 }
 
@@ -118,6 +144,9 @@ func (s Settings) Validate() error {
 	if s.ProviderMaxResultBytes <= 0 {
 		return fmt.Errorf("JOBLIB_PROVIDER_MAX_RESULT_BYTES must be positive, got %d", s.ProviderMaxResultBytes)
 	}
+	if s.TaskMaxResultBytes <= 0 {
+		return fmt.Errorf("JOBLIB_TASK_MAX_RESULT_BYTES must be positive, got %d", s.TaskMaxResultBytes)
+	}
 	if s.InternalWorkers <= 0 {
 		return fmt.Errorf("JOBLIB_INTERNAL_WORKERS must be positive, got %d", s.InternalWorkers)
 	}
@@ -135,6 +164,18 @@ func (s Settings) Validate() error {
 	}
 	if s.AuditRetention < 0 {
 		return fmt.Errorf("JOBLIB_AUDIT_RETENTION must not be negative, got %s", s.AuditRetention)
+	}
+	if s.TaskRetentionCompleted < 0 {
+		return fmt.Errorf("JOBLIB_TASK_RETENTION_COMPLETED must not be negative, got %s", s.TaskRetentionCompleted)
+	}
+	if s.TaskRetentionFailed < 0 {
+		return fmt.Errorf("JOBLIB_TASK_RETENTION_FAILED must not be negative, got %s", s.TaskRetentionFailed)
+	}
+	if s.TaskRetentionBatch < 1 || s.TaskRetentionBatch > models.MaxPruneBatch {
+		return fmt.Errorf("JOBLIB_TASK_RETENTION_BATCH must be between 1 and %d, got %d", models.MaxPruneBatch, s.TaskRetentionBatch)
+	}
+	if s.UserMaxWorkers < 0 || s.UserMaxProviders < 0 || s.UserMaxPendingTasks < 0 {
+		return fmt.Errorf("JOBLIB_USER_MAX_WORKERS, JOBLIB_USER_MAX_PROVIDERS and JOBLIB_USER_MAX_PENDING_TASKS must not be negative (0 = unlimited)")
 	}
 	if len(s.AllowedCategories) == 0 {
 		return fmt.Errorf("JOBLIB_ALLOWED_CATEGORIES must name at least one category")

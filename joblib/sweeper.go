@@ -66,8 +66,9 @@ type SweepEvent struct {
 // whose last heartbeat is older than Settings.WorkerTimeout by the
 // database's clock is cleaned with path sweeper, every
 // Settings.SweeperInterval, on the one node that holds the leader lock. It
-// also fails @internal tasks stuck past Settings.InternalTaskTimeout and
-// deletes audit rows past Settings.AuditRetention.
+// also fails @internal tasks stuck past Settings.InternalTaskTimeout,
+// deletes audit rows past Settings.AuditRetention and finished tasks past
+// their retention (Service.PruneTasks).
 //
 // Guards: no destructive sweep until this node has led, and the database
 // has answered without error, for one full worker timeout — after a start,
@@ -244,6 +245,8 @@ func (sw *Sweeper) tick(ctx context.Context) {
 			}
 		}
 	}
+	// Task retention: a separate step (retention.go), after the sweep.
+	sw.pruneTasks(ctx)
 }
 
 // guard returns how long destructive sweeps must still wait: until this

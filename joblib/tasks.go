@@ -1,6 +1,7 @@
 package joblib
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"time"
@@ -65,6 +66,11 @@ func (s *Service) SubmitTask(ctx context.Context, p Principal, room, fullName st
 		if err != nil {
 			return err
 		}
+		if j.RoomID != RoomInternal {
+			if err := s.checkQuota(q, p, models.UsagePendingTasks, false); err != nil {
+				return err
+			}
+		}
 		status := models.StatusPending
 		if j.RoomID == RoomInternal {
 			var ok bool
@@ -123,6 +129,9 @@ func (s *Service) SubmitTask(ctx context.Context, p Principal, room, fullName st
 func (s *Service) submitHot(ctx context.Context, p Principal, room, fullName, body string) (Task, bool, error) {
 	if s.db.Dialect() != models.Postgres {
 		return Task{}, false, nil
+	}
+	if !p.Superuser && s.Settings().quotaFor(models.UsagePendingTasks) > 0 {
+		return Task{}, false, nil // the general path counts the user's pending tasks
 	}
 	jroom, cat, name, ok := SplitFullName(fullName)
 	if !ok || !addressable(jroom, cat, name) || jroom == RoomInternal {
@@ -260,6 +269,28 @@ const hotErrorMax = 2000
 
 // UpdateTask applies a status transition (PATCH /tasks/{id}).
 func (s *Service) UpdateTask(ctx context.Context, p Principal, id uuid.UUID, status string, errMsg *string) (Task, error) {
+	return s.UpdateTaskResult(ctx, p, id, status, errMsg, nil)
+}
+
+// UpdateTaskResult is UpdateTask with the worker's result: a JSON value
+// stored with a transition to completed (and returned by GetTask as
+// `result`), at most TaskMaxResultBytes once compacted. A result sent with
+// any other status is ignored, as the Python server ignores fields it does
+// not know; JSON null counts as no result.
+func (s *Service) UpdateTaskResult(ctx context.Context, p Principal, id uuid.UUID, status string, errMsg *string, result json.RawMessage) (Task, error) {
+	var stored *string
+	if status == models.StatusCompleted && len(result) > 0 {
+		var buf bytes.Buffer
+		if err := json.Compact(&buf, result); err != nil {
+			return Task{}, errf(CodeValidation, "result must be JSON: %v", err)
+		}
+		if max := s.Settings().TaskMaxResultBytes; int64(buf.Len()) > max {
+			return Task{}, errf(CodePayloadTooLarge, "task result exceeds %d bytes", max)
+		}
+		if r := buf.String(); r != "null" {
+			stored = &r
+		}
+	}
 	if !ValidStatus(status) {
 		return Task{}, errf(CodeValidation, "status must be one of pending, claimed, running, completed, failed, cancelled")
 	}
@@ -268,7 +299,7 @@ func (s *Service) UpdateTask(ctx context.Context, p Principal, id uuid.UUID, sta
 			return Task{}, err
 		}
 	}
-	if s.db.Dialect() == models.Postgres && status != models.StatusClaimed && status != models.StatusPending &&
+	if s.db.Dialect() == models.Postgres && stored == nil && status != models.StatusClaimed && status != models.StatusPending &&
 		(errMsg == nil || len(*errMsg) < hotErrorMax) {
 		msg := ""
 		if errMsg != nil && events.Terminal(status) {
@@ -301,6 +332,16 @@ func (s *Service) UpdateTask(ctx context.Context, p Principal, id uuid.UUID, sta
 		if !allowed(t.Status, status) {
 			return errf(CodeInvalidTaskTransition, "Cannot transition from '%s' to '%s'", t.Status, status)
 		}
+		if t.WorkerID == nil && (status == models.StatusClaimed || status == models.StatusRunning) {
+			// Nothing would ever finish, fail or reap such a task: only a
+			// worker's claim (POST /tasks/claim) makes a task claimed.
+			return errf(CodeInvalidTaskTransition, "Cannot transition from '%s' to '%s': the task has no worker (workers claim tasks with POST /tasks/claim)", t.Status, status)
+		}
+		if p.Superuser {
+			if err := auditOverride(q, p, t, status); err != nil {
+				return err
+			}
+		}
 		ok, err := q.TransitionTask(id, t.Status, status, nil, errMsg)
 		if err != nil {
 			return err
@@ -315,6 +356,11 @@ func (s *Service) UpdateTask(ctx context.Context, p Principal, id uuid.UUID, sta
 				return err
 			}
 			return errf(CodeInvalidTaskTransition, "Cannot transition from '%s' to '%s'", cur.Status, status)
+		}
+		if stored != nil {
+			if err := q.SetTaskResult(id, *stored); err != nil {
+				return err
+			}
 		}
 		// Only a task no worker holds (a pending one being cancelled) can
 		// take a job's last reason to live: a held task's worker still links
@@ -390,6 +436,23 @@ func (s *Service) authorizeUpdate(q *models.Q, p Principal, t models.Task, statu
 		return errf(CodeForbidden, "Not authorized to update this task")
 	}
 	return nil
+}
+
+// auditOverride records a superuser's status change of a task that no
+// worker of theirs holds (an admin action, not a worker's report).
+func auditOverride(q *models.Q, p Principal, t models.Task, status string) error {
+	if t.WorkerID != nil {
+		w, err := q.GetWorker(*t.WorkerID)
+		if err != nil && !isNotFound(err) {
+			return err
+		}
+		if err == nil && w.UserID == p.ID {
+			return nil
+		}
+	}
+	return audit(q, AuditTaskStatus, &t.ID, "user:"+p.Name, map[string]any{
+		"user_id": p.ID, "from": t.Status, "to": status, "worker_id": t.WorkerID, "job": t.JobFullName(),
+	})
 }
 
 // TaskListParams filter a task listing.

@@ -75,7 +75,9 @@ type Task struct {
 	Payload       json.RawMessage `json:"payload"`
 	QueuePosition *int64          `json:"queue_position"`
 	Attempt       int             `json:"attempt"`
-	// Result is what an @internal job returned (null for external tasks).
+	// Result is what an @internal job returned, or what the worker reported
+	// with the completion (PATCH {"status":"completed","result":...}); null
+	// otherwise.
 	Result json.RawMessage `json:"result"`
 }
 

@@ -26,3 +26,7 @@ func (w taskWatch) observe(e events.Emission) {
 		w.Wake(id)
 	}
 }
+
+// LongPolls is the number of GET /tasks/{id} long-polls waiting on a task
+// in this process.
+func (s *Service) LongPolls(id uuid.UUID) int { return s.watch.Waiting(id) }

@@ -9,8 +9,17 @@ import (
 )
 
 // CreateWorker registers a new worker for the caller.
+// It answers 429 quota-exceeded past JOBLIB_USER_MAX_WORKERS.
 func (s *Service) CreateWorker(ctx context.Context, p Principal) (Worker, error) {
-	w, err := s.db.Q(ctx).InsertWorker(p.ID)
+	var w models.Worker
+	err := s.db.Tx(ctx, func(q *models.Q) error {
+		if err := s.checkQuota(q, p, models.UsageWorkers, false); err != nil {
+			return err
+		}
+		var err error
+		w, err = q.InsertWorker(p.ID)
+		return err
+	})
 	if err != nil {
 		return Worker{}, err
 	}
@@ -74,6 +83,15 @@ func (s *Service) DeleteWorker(ctx context.Context, p Principal, id uuid.UUID) (
 	if res.Cleaned == 0 {
 		// Someone else's cleanup won the race; to the caller it is gone.
 		return res, s.workerGone(id)
+	}
+	if p.ID != w.UserID { // a superuser removed another user's worker
+		err := s.db.Tx(ctx, func(q *models.Q) error {
+			return audit(q, AuditWorkerDelete, &id, "user:"+p.Name, map[string]any{"user_id": p.ID, "owner_id": w.UserID,
+				"tasks_failed": res.TasksFailed, "tasks_requeued": res.TasksRequeued})
+		})
+		if err != nil {
+			return res, err
+		}
 	}
 	return res, nil
 }

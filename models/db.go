@@ -48,6 +48,9 @@ type OpenOptions struct {
 	// connection: it has a single writer, and one connection keeps every
 	// transaction strictly serialised without busy retries.
 	MaxConns int32
+	// MustExist refuses to create a database: a missing SQLite file is
+	// ErrNoDatabase (operator commands never create one by accident).
+	MustExist bool
 	// Statements, when set, is incremented for every statement sent to
 	// PostgreSQL (BEGIN and COMMIT included): benchmarks report it. Not
 	// counted on SQLite.
@@ -65,9 +68,19 @@ func (c statementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pg
 func (statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
 // Open connects to the database named by rawURL: a postgres:// or postgresql://
-// URL selects PostgreSQL; anything else is a SQLite file path, optionally
-// prefixed with sqlite:// or file:. It does not run migrations (see Migrate).
+// URL selects PostgreSQL; a plain path, optionally prefixed with sqlite:// or
+// file:, a SQLite file; other schemes are refused (see ParseURL). It does not
+// run migrations (see Migrate).
 func Open(ctx context.Context, rawURL string, opts OpenOptions) (*DB, error) {
+	dialect, path, err := ParseURL(rawURL)
+	if err != nil {
+		return nil, err
+	}
+	if dialect == SQLite {
+		if err := checkSQLiteFile(path, opts.MustExist); err != nil {
+			return nil, err
+		}
+	}
 	log := opts.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -81,7 +94,7 @@ func Open(ctx context.Context, rawURL string, opts OpenOptions) (*DB, error) {
 		}),
 		NowFunc: func() time.Time { return time.Now().UTC() },
 	}
-	if strings.HasPrefix(rawURL, "postgres://") || strings.HasPrefix(rawURL, "postgresql://") {
+	if dialect == Postgres {
 		pcfg, err := pgxpool.ParseConfig(rawURL)
 		if err != nil {
 			return nil, fmt.Errorf("parse database url: %w", err)
@@ -110,13 +123,6 @@ func Open(ctx context.Context, rawURL string, opts OpenOptions) (*DB, error) {
 		return &DB{gorm: g, dialect: Postgres, Pool: pool, dsn: rawURL}, nil
 	}
 
-	path := strings.TrimPrefix(strings.TrimPrefix(rawURL, "sqlite://"), "file:")
-	if path == "" {
-		return nil, errors.New("database url is empty")
-	}
-	if i := strings.IndexByte(path, '?'); i >= 0 {
-		path = path[:i]
-	}
 	q := url.Values{}
 	q.Add("_pragma", "foreign_keys(1)")
 	q.Add("_pragma", "journal_mode(WAL)")
@@ -125,17 +131,17 @@ func Open(ctx context.Context, rawURL string, opts OpenOptions) (*DB, error) {
 	dsn := path + "?" + q.Encode()
 	g, err := gorm.Open(sqlite.Open(dsn), gcfg)
 	if err != nil {
-		return nil, fmt.Errorf("open sqlite %q: %w", path, err)
+		return nil, sqliteOpenError(path, err)
 	}
 	sqlDB, err := g.DB()
 	if err != nil {
-		return nil, fmt.Errorf("open sqlite %q: %w", path, err)
+		return nil, sqliteOpenError(path, err)
 	}
 	sqlDB.SetMaxOpenConns(1)
 	sqlDB.SetMaxIdleConns(1)
 	sqlDB.SetConnMaxLifetime(0)
 	if err := sqlDB.PingContext(ctx); err != nil {
-		return nil, fmt.Errorf("open sqlite %q: %w", path, err)
+		return nil, sqliteOpenError(path, err)
 	}
 	return &DB{gorm: g, dialect: SQLite, dsn: rawURL}, nil
 }

@@ -7,8 +7,8 @@ import (
 )
 
 const (
-	jobCols     = "j.id, j.seq, j.room_id, j.category, j.name, j.schema, j.deleted, j.on_worker_loss, j.max_attempts, j.created_at"
-	jobColsBare = "id, seq, room_id, category, name, schema, deleted, on_worker_loss, max_attempts, created_at"
+	jobCols     = "j.id, j.seq, j.room_id, j.category, j.name, j.schema, j.deleted, j.on_worker_loss, j.max_attempts, j.created_by_id, j.created_at"
+	jobColsBare = "id, seq, room_id, category, name, schema, deleted, on_worker_loss, max_attempts, created_by_id, created_at"
 )
 
 // RowLock is how a read inside a transaction locks the rows it returns on
@@ -58,21 +58,21 @@ func (q *Q) JobByKeyLocked(room, category, name string, l RowLock) (Job, error) 
 // reports whether it inserted. Concurrent first registrations therefore never
 // fail: exactly one inserts, the others find the row.
 func (q *Q) InsertJobIfAbsent(j Job) (bool, error) {
-	res := q.g.Exec("INSERT INTO jobs (id, room_id, category, name, schema, on_worker_loss, max_attempts, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, "+q.now()+
+	res := q.g.Exec("INSERT INTO jobs (id, room_id, category, name, schema, on_worker_loss, max_attempts, created_by_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, "+q.now()+
 		") ON CONFLICT (room_id, category, name) DO NOTHING",
-		j.ID, j.RoomID, j.Category, j.Name, j.Schema, j.OnWorkerLoss, j.MaxAttempts)
+		j.ID, j.RoomID, j.Category, j.Name, j.Schema, j.OnWorkerLoss, j.MaxAttempts, j.CreatedByID)
 	if res.Error != nil {
 		return false, fmt.Errorf("insert job: %w", mapErr(res.Error))
 	}
 	return res.RowsAffected == 1, nil
 }
 
-// ReactivateJob turns a soft-deleted job live again with a new schema and
-// worker-loss policy. It reports false if the job was not deleted (a
-// concurrent registration won).
-func (q *Q) ReactivateJob(id uuid.UUID, schema, onWorkerLoss string, maxAttempts int) (bool, error) {
-	res := q.g.Exec("UPDATE jobs SET deleted = false, deleted_at = NULL, schema = ?, on_worker_loss = ?, max_attempts = ? WHERE id = ? AND deleted = true",
-		schema, onWorkerLoss, maxAttempts, id)
+// ReactivateJob turns a soft-deleted job live again with a new schema,
+// worker-loss policy and creator. It reports false if the job was not
+// deleted (a concurrent registration won).
+func (q *Q) ReactivateJob(id uuid.UUID, schema, onWorkerLoss string, maxAttempts int, createdBy *uuid.UUID) (bool, error) {
+	res := q.g.Exec("UPDATE jobs SET deleted = false, deleted_at = NULL, schema = ?, on_worker_loss = ?, max_attempts = ?, created_by_id = ? WHERE id = ? AND deleted = true",
+		schema, onWorkerLoss, maxAttempts, createdBy, id)
 	if res.Error != nil {
 		return false, fmt.Errorf("reactivate job: %w", mapErr(res.Error))
 	}

@@ -39,7 +39,11 @@ type Job struct {
 	Deleted      bool
 	OnWorkerLoss string
 	MaxAttempts  int
-	CreatedAt    Time
+	// CreatedByID is the user who registered the job (nil for jobs from
+	// before creators were recorded, and internal jobs); its worker-loss
+	// policy is theirs to change.
+	CreatedByID *uuid.UUID
+	CreatedAt   Time
 }
 
 // FullName is room:category:name.

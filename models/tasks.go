@@ -173,6 +173,15 @@ func (q *Q) TransitionTask(id uuid.UUID, from, to string, workerID *uuid.UUID, e
 	return res.RowsAffected == 1, nil
 }
 
+// SetTaskResult stores the result a worker reported with the task's
+// completion (compact JSON).
+func (q *Q) SetTaskResult(id uuid.UUID, result string) error {
+	if err := q.g.Exec("UPDATE tasks SET result = ? WHERE id = ?", result, id).Error; err != nil {
+		return fmt.Errorf("store task result: %w", mapErr(err))
+	}
+	return nil
+}
+
 // RetryTask puts a failed task back to pending (operator retry): its worker,
 // timestamps of the failed attempt and error are cleared, its attempt count
 // is kept. ok is false when the task is not failed (any more).
@@ -228,6 +237,21 @@ type AuditEntry struct {
 func (q *Q) ListAudit(subject uuid.UUID) ([]AuditEntry, error) {
 	var es []AuditEntry
 	err := q.g.Raw("SELECT id, action, subject_id, actor, detail, created_at FROM audit_log WHERE subject_id = ? ORDER BY seq", subject).Scan(&es).Error
+	if err != nil {
+		return nil, fmt.Errorf("read audit log: %w", mapErr(err))
+	}
+	return es, nil
+}
+
+// ListAuditLog returns up to limit audit log entries, newest first,
+// optionally only those of one action.
+func (q *Q) ListAuditLog(action string, limit int) ([]AuditEntry, error) {
+	where, args := "", []any{}
+	if action != "" {
+		where, args = " WHERE action = ?", append(args, action)
+	}
+	var es []AuditEntry
+	err := q.g.Raw("SELECT id, action, subject_id, actor, detail, created_at FROM audit_log"+where+" ORDER BY seq DESC LIMIT ?", append(args, limit)...).Scan(&es).Error
 	if err != nil {
 		return nil, fmt.Errorf("read audit log: %w", mapErr(err))
 	}

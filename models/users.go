@@ -2,6 +2,7 @@ package models
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/google/uuid"
 )
@@ -63,17 +64,153 @@ func (q *Q) CountUsers() (int64, error) {
 	return n, mapErr(err)
 }
 
-// CreateAPIToken stores the hash of a new API token for a user.
-func (q *Q) CreateAPIToken(userID uuid.UUID, name, tokenHash string) error {
-	err := q.g.Exec("INSERT INTO api_tokens (id, user_id, token_hash, name, created_at) VALUES (?, ?, ?, ?, "+q.now()+")",
-		uuid.New(), userID, tokenHash, name).Error
+// APIToken is an API token's record (never the token itself: only its hash
+// is stored), with the name of the user it belongs to.
+type APIToken struct {
+	ID         uuid.UUID
+	UserID     uuid.UUID
+	UserName   string
+	Name       string
+	CreatedAt  Time
+	LastUsedAt Time
+	ExpiresAt  Time
+	RevokedAt  Time
+}
+
+const tokenCols = "t.id, t.user_id, u.name AS user_name, t.name, t.created_at, t.last_used_at, t.expires_at, t.revoked_at"
+
+// CreateAPIToken stores the hash of a new API token for a user and returns
+// its id. A zero expiresAt means the token does not expire.
+func (q *Q) CreateAPIToken(userID uuid.UUID, name, tokenHash string, expiresAt Time) (uuid.UUID, error) {
+	id := uuid.New()
+	err := q.g.Exec("INSERT INTO api_tokens (id, user_id, token_hash, name, expires_at, created_at) VALUES (?, ?, ?, ?, ?, "+q.now()+")",
+		id, userID, tokenHash, name, expiresAt).Error
 	if err != nil {
-		return fmt.Errorf("create api token: %w", mapErr(err))
+		return uuid.Nil, fmt.Errorf("create api token: %w", mapErr(err))
+	}
+	return id, nil
+}
+
+// TokenLookup is what authentication learns about a token hash: the token,
+// its user, and whether the token expired by the database's clock.
+type TokenLookup struct {
+	Token   APIToken
+	User    User
+	Expired bool
+}
+
+// TokenByHash finds an API token (revoked and expired ones included) and its
+// user by the token's hash.
+func (q *Q) TokenByHash(tokenHash string) (TokenLookup, error) {
+	var rows []struct {
+		APIToken
+		IsActive    bool
+		IsSuperuser bool
+		Expired     bool
+	}
+	err := q.g.Raw("SELECT "+tokenCols+", u.is_active, u.is_superuser, (t.expires_at IS NOT NULL AND t.expires_at <= "+q.now()+") AS expired"+
+		" FROM api_tokens t JOIN users u ON u.id = t.user_id WHERE t.token_hash = ?", tokenHash).Scan(&rows).Error
+	if err != nil {
+		return TokenLookup{}, fmt.Errorf("read api token: %w", mapErr(err))
+	}
+	if len(rows) == 0 {
+		return TokenLookup{}, ErrNotFound
+	}
+	r := rows[0]
+	return TokenLookup{Token: r.APIToken, Expired: r.Expired,
+		User: User{ID: r.UserID, Name: r.UserName, IsActive: r.IsActive, IsSuperuser: r.IsSuperuser}}, nil
+}
+
+// ListAPITokens lists tokens, newest first, optionally of one user only.
+func (q *Q) ListAPITokens(userID *uuid.UUID) ([]APIToken, error) {
+	where, args := "", []any{}
+	if userID != nil {
+		where, args = " WHERE t.user_id = ?", append(args, *userID)
+	}
+	var ts []APIToken
+	err := q.g.Raw("SELECT "+tokenCols+" FROM api_tokens t JOIN users u ON u.id = t.user_id"+where+" ORDER BY t.created_at DESC, t.id", args...).Scan(&ts).Error
+	if err != nil {
+		return nil, fmt.Errorf("list api tokens: %w", mapErr(err))
+	}
+	return ts, nil
+}
+
+// GetAPIToken reads one token record by id.
+func (q *Q) GetAPIToken(id uuid.UUID) (APIToken, error) {
+	var ts []APIToken
+	err := q.g.Raw("SELECT "+tokenCols+" FROM api_tokens t JOIN users u ON u.id = t.user_id WHERE t.id = ?", id).Scan(&ts).Error
+	if err != nil {
+		return APIToken{}, fmt.Errorf("read api token: %w", mapErr(err))
+	}
+	if len(ts) == 0 {
+		return APIToken{}, ErrNotFound
+	}
+	return ts[0], nil
+}
+
+// RevokeAPITokens marks the given tokens revoked (those not revoked yet) and
+// returns the ids it revoked.
+func (q *Q) RevokeAPITokens(ids []uuid.UUID) ([]uuid.UUID, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	var out []uuid.UUID
+	err := q.g.Raw("UPDATE api_tokens SET revoked_at = "+q.now()+" WHERE id IN ? AND revoked_at IS NULL RETURNING id", ids).Scan(&out).Error
+	if err != nil {
+		return nil, fmt.Errorf("revoke api tokens: %w", mapErr(err))
+	}
+	return out, nil
+}
+
+// TouchAPIToken records that a token was used now, unless that was recorded
+// less than minAge ago (several nodes may touch the same token).
+func (q *Q) TouchAPIToken(id uuid.UUID, minAge time.Duration) error {
+	before, arg := q.before(minAge)
+	err := q.g.Exec("UPDATE api_tokens SET last_used_at = "+q.now()+" WHERE id = ? AND (last_used_at IS NULL OR last_used_at < "+before+")", id, arg).Error
+	if err != nil {
+		return fmt.Errorf("touch api token: %w", mapErr(err))
 	}
 	return nil
 }
 
-// UserByTokenHash finds the user an API token hash belongs to.
-func (q *Q) UserByTokenHash(tokenHash string) (User, error) {
-	return q.oneUser("WHERE id = (SELECT user_id FROM api_tokens WHERE token_hash = ?)", tokenHash)
+// LockUser serialises the quota checks of one user's creations on
+// PostgreSQL (SQLite serialises every writing transaction anyway). The lock
+// does not block inserts that merely reference the user.
+func (q *Q) LockUser(id uuid.UUID) error {
+	if q.d != Postgres {
+		return nil
+	}
+	var got []uuid.UUID
+	if err := q.g.Raw("SELECT id FROM users WHERE id = ? FOR NO KEY UPDATE", id).Scan(&got).Error; err != nil {
+		return fmt.Errorf("lock user: %w", mapErr(err))
+	}
+	return nil
+}
+
+// Usage kinds counted by CountUsage.
+const (
+	UsageWorkers      = "workers"
+	UsageProviders    = "providers"
+	UsagePendingTasks = "pending_tasks"
+)
+
+// CountUsage counts a user's workers, providers or pending tasks, stopping
+// at upTo (a quota check needs no more).
+func (q *Q) CountUsage(userID uuid.UUID, kind string, upTo int) (int64, error) {
+	var sub string
+	switch kind {
+	case UsageWorkers:
+		sub = "SELECT 1 FROM workers WHERE user_id = ? LIMIT ?"
+	case UsageProviders:
+		sub = "SELECT 1 FROM providers WHERE user_id = ? LIMIT ?"
+	case UsagePendingTasks:
+		sub = "SELECT 1 FROM tasks WHERE created_by_id = ? AND status = 'pending' LIMIT ?"
+	default:
+		return 0, fmt.Errorf("count usage: unknown kind %q", kind)
+	}
+	var n int64
+	if err := q.g.Raw("SELECT count(*) FROM ("+sub+") AS u", userID, upTo).Scan(&n).Error; err != nil {
+		return 0, fmt.Errorf("count %s: %w", kind, mapErr(err))
+	}
+	return n, nil
 }

@@ -4,10 +4,13 @@ import (
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
+	"crypto/sha512"
 	"encoding/base64"
 	"encoding/json"
-	"errors"
+	"fmt"
+	"hash"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -16,34 +19,48 @@ import (
 	"github.com/zndraw/joblib/joblib"
 )
 
-// jwtAudience is the audience fastapi-users puts in its access tokens.
-const jwtAudience = "fastapi-users:auth"
+// DefaultJWTAudience is the audience fastapi-users puts in its access tokens.
+const DefaultJWTAudience = "fastapi-users:auth"
 
 // authCookie is the cookie a browser may carry its token in.
 const authCookie = "joblib_token"
 
+// jwtAlgorithms are the HMAC algorithms a JWT secret can be configured for.
+var jwtAlgorithms = map[string]func() hash.Hash{"HS256": sha256.New, "HS384": sha512.New384, "HS512": sha512.New}
+
 // authenticator resolves credentials to a principal: joblib API tokens, and,
-// when a secret is configured, HS256 JWTs in the fastapi-users shape
-// (`sub` = user id) so that a ZnDraw host can share its tokens with us.
+// when a secret is configured, JWTs in the fastapi-users shape (`sub` = user
+// id) so that a ZnDraw host can share its tokens with us.
 type authenticator struct {
-	svc       *joblib.Service
-	jwtSecret []byte
-	now       func() time.Time
-	cache     authCache
+	svc   *joblib.Service
+	jwt   jwtConfig
+	now   func() time.Time
+	cache authCache
 }
 
-// authCacheTTL is how long a resolved credential is reused without asking
-// the database again; a deactivated user or a promotion takes at most this
-// long to apply.
-const authCacheTTL = 5 * time.Second
+// jwtConfig is how JWTs are verified.
+type jwtConfig struct {
+	secret         []byte
+	alg            string
+	audience       string
+	issuer         string
+	leeway         time.Duration
+	superuserClaim string
+}
+
+// DefaultCredentialCacheTTL is how long a resolved credential is reused
+// without asking the database again; a revocation, an expiry, a deactivated
+// user or a promotion takes at most this long to apply on every node.
+const DefaultCredentialCacheTTL = 5 * time.Second
 
 // authCacheMax bounds the cache; when full it is emptied (a cheap, correct
 // eviction for a cache this short-lived).
 const authCacheMax = 10000
 
 type authCache struct {
-	mu sync.Mutex
-	m  map[string]authEntry
+	ttl time.Duration
+	mu  sync.Mutex
+	m   map[string]authEntry
 }
 
 type authEntry struct {
@@ -62,12 +79,15 @@ func (c *authCache) get(key string, now time.Time) (joblib.Principal, bool) {
 }
 
 func (c *authCache) put(key string, p joblib.Principal, now time.Time) {
+	if c.ttl <= 0 {
+		return
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.m == nil || len(c.m) >= authCacheMax {
 		c.m = make(map[string]authEntry)
 	}
-	c.m[key] = authEntry{p: p, exp: now.Add(authCacheTTL)}
+	c.m[key] = authEntry{p: p, exp: now.Add(c.ttl)}
 }
 
 // tokenFrom extracts a bearer token from the Authorization header or the cookie.
@@ -86,7 +106,7 @@ func tokenFrom(r *http.Request) string {
 }
 
 // authenticate resolves a raw token. Unknown, malformed or expired
-// credentials are joblib.ErrUnauthorized.
+// credentials are joblib.ErrUnauthorized (a *joblib.AuthError names why).
 func (a *authenticator) authenticate(ctx context.Context, token string) (joblib.Principal, error) {
 	if token == "" {
 		return joblib.Principal{}, joblib.ErrUnauthorized
@@ -103,86 +123,155 @@ func (a *authenticator) authenticate(ctx context.Context, token string) (joblib.
 }
 
 func (a *authenticator) resolve(ctx context.Context, token string) (joblib.Principal, error) {
-	if strings.HasPrefix(token, joblib.TokenPrefix) || len(a.jwtSecret) == 0 {
+	if len(a.jwt.secret) == 0 || !looksLikeJWT(token) {
 		return a.svc.AuthenticateToken(ctx, token)
 	}
-	sub, err := a.verifyJWT(token)
+	c, err := a.verifyJWT(token)
 	if err != nil {
-		return joblib.Principal{}, joblib.ErrUnauthorized
+		return joblib.Principal{}, err
 	}
-	return a.svc.PrincipalForSubject(ctx, sub)
+	p, err := a.svc.PrincipalForSubject(ctx, c.sub)
+	if err != nil {
+		return p, err
+	}
+	if a.jwt.superuserClaim != "" {
+		// The host is authoritative for the flag when the mapping is on.
+		p.Superuser = c.superuser
+	}
+	return p, nil
 }
 
-var errBadJWT = errors.New("invalid token")
-
-// verifyJWT checks an HS256 JWT's signature, expiry, not-before and audience,
-// and returns its subject.
-func (a *authenticator) verifyJWT(token string) (uuid.UUID, error) {
+// looksLikeJWT reports whether a token has a JWT's shape: three dot-separated
+// base64url parts whose first decodes to a JSON object naming an algorithm.
+// Anything else (joblib's jl_ tokens, any other admin token) is an API token.
+func looksLikeJWT(token string) bool {
 	parts := strings.Split(token, ".")
 	if len(parts) != 3 {
-		return uuid.Nil, errBadJWT
+		return false
 	}
+	raw, err := base64.RawURLEncoding.DecodeString(parts[0])
+	if err != nil {
+		return false
+	}
+	var hdr map[string]any
+	if json.Unmarshal(raw, &hdr) != nil {
+		return false
+	}
+	_, ok := hdr["alg"]
+	return ok
+}
+
+// jwtClaims is what a verified JWT tells us.
+type jwtClaims struct {
+	sub       uuid.UUID
+	superuser bool
+}
+
+func jwtRefused(reason string) error { return joblib.Unauthorized("Invalid JWT: %s", reason) }
+
+// verifyJWT checks a JWT strictly: the configured algorithm only, the
+// signature, exp (required), nbf, aud, iss and a canonical UUID subject, with
+// a small leeway on the times.
+func (a *authenticator) verifyJWT(token string) (jwtClaims, error) {
+	parts := strings.Split(token, ".")
 	hdrRaw, err := base64.RawURLEncoding.DecodeString(parts[0])
 	if err != nil {
-		return uuid.Nil, errBadJWT
+		return jwtClaims{}, jwtRefused("malformed header")
 	}
 	var hdr struct {
 		Alg string `json:"alg"`
 	}
-	if json.Unmarshal(hdrRaw, &hdr) != nil || hdr.Alg != "HS256" {
-		return uuid.Nil, errBadJWT
+	if json.Unmarshal(hdrRaw, &hdr) != nil {
+		return jwtClaims{}, jwtRefused("malformed header")
+	}
+	if hdr.Alg != a.jwt.alg {
+		return jwtClaims{}, jwtRefused(fmt.Sprintf("algorithm %q is not the configured %s", hdr.Alg, a.jwt.alg))
 	}
 	sig, err := base64.RawURLEncoding.DecodeString(parts[2])
 	if err != nil {
-		return uuid.Nil, errBadJWT
+		return jwtClaims{}, jwtRefused("malformed signature")
 	}
-	mac := hmac.New(sha256.New, a.jwtSecret)
+	mac := hmac.New(jwtAlgorithms[a.jwt.alg], a.jwt.secret)
 	mac.Write([]byte(parts[0] + "." + parts[1]))
 	if !hmac.Equal(sig, mac.Sum(nil)) {
-		return uuid.Nil, errBadJWT
+		return jwtClaims{}, jwtRefused("bad signature")
 	}
 	body, err := base64.RawURLEncoding.DecodeString(parts[1])
 	if err != nil {
-		return uuid.Nil, errBadJWT
+		return jwtClaims{}, jwtRefused("malformed claims")
 	}
-	var claims struct {
-		Sub string          `json:"sub"`
-		Exp *float64        `json:"exp"`
-		Nbf *float64        `json:"nbf"`
-		Aud json.RawMessage `json:"aud"`
-	}
+	var claims map[string]json.RawMessage
 	if json.Unmarshal(body, &claims) != nil {
-		return uuid.Nil, errBadJWT
+		return jwtClaims{}, jwtRefused("malformed claims")
 	}
-	now := float64(a.now().Unix())
-	if claims.Exp != nil && now >= *claims.Exp {
-		return uuid.Nil, errBadJWT
+	now := a.now()
+	leeway := a.jwt.leeway.Seconds()
+	exp, ok, err := numericClaim(claims, "exp")
+	switch {
+	case err != nil:
+		return jwtClaims{}, jwtRefused(err.Error())
+	case !ok:
+		return jwtClaims{}, jwtRefused("exp claim required")
+	case float64(now.Unix()) >= exp+leeway:
+		return jwtClaims{}, jwtRefused("expired")
 	}
-	if claims.Nbf != nil && now < *claims.Nbf {
-		return uuid.Nil, errBadJWT
+	if nbf, ok, err := numericClaim(claims, "nbf"); err != nil {
+		return jwtClaims{}, jwtRefused(err.Error())
+	} else if ok && float64(now.Unix())+leeway < nbf {
+		return jwtClaims{}, jwtRefused("not valid yet (nbf)")
 	}
-	if len(claims.Aud) > 0 && !audienceOK(claims.Aud) {
-		return uuid.Nil, errBadJWT
+	if a.jwt.audience != "" && !audienceOK(claims["aud"], a.jwt.audience) {
+		return jwtClaims{}, jwtRefused(fmt.Sprintf("audience must be %q", a.jwt.audience))
 	}
-	id, err := uuid.Parse(claims.Sub)
-	if err != nil {
-		return uuid.Nil, errBadJWT
+	if a.jwt.issuer != "" {
+		var iss string
+		if json.Unmarshal(claims["iss"], &iss) != nil || iss != a.jwt.issuer {
+			return jwtClaims{}, jwtRefused(fmt.Sprintf("issuer must be %q", a.jwt.issuer))
+		}
 	}
-	return id, nil
+	var sub string
+	if json.Unmarshal(claims["sub"], &sub) != nil {
+		return jwtClaims{}, jwtRefused("sub claim must be a user id")
+	}
+	id, err := uuid.Parse(sub)
+	if err != nil || id.String() != sub {
+		return jwtClaims{}, jwtRefused("sub claim must be a user id (a lowercase UUID like 123e4567-e89b-12d3-a456-426614174000)")
+	}
+	c := jwtClaims{sub: id}
+	if a.jwt.superuserClaim != "" {
+		var v bool
+		if raw, ok := claims[a.jwt.superuserClaim]; ok && json.Unmarshal(raw, &v) != nil {
+			return jwtClaims{}, jwtRefused(fmt.Sprintf("%s claim must be true or false", a.jwt.superuserClaim))
+		}
+		c.superuser = v
+	}
+	return c, nil
 }
 
-func audienceOK(raw json.RawMessage) bool {
+// numericClaim reads a NumericDate claim; ok is false when it is absent.
+func numericClaim(claims map[string]json.RawMessage, name string) (float64, bool, error) {
+	raw, ok := claims[name]
+	if !ok {
+		return 0, false, nil
+	}
+	var v float64
+	if json.Unmarshal(raw, &v) != nil {
+		return 0, false, fmt.Errorf("%s claim must be a number", name)
+	}
+	return v, true, nil
+}
+
+func audienceOK(raw json.RawMessage, want string) bool {
+	if len(raw) == 0 {
+		return false
+	}
 	var one string
 	if json.Unmarshal(raw, &one) == nil {
-		return one == jwtAudience
+		return one == want
 	}
 	var many []string
 	if json.Unmarshal(raw, &many) == nil {
-		for _, a := range many {
-			if a == jwtAudience {
-				return true
-			}
-		}
+		return slices.Contains(many, want)
 	}
 	return false
 }

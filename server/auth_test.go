@@ -199,9 +199,9 @@ func TestFastAPIUsersJWT(t *testing.T) {
 		w := e.do(good, "POST", api+"/workers", nil).want(201).M()["id"].(string)
 		e.do(good, "PATCH", api+"/workers/"+w, nil).want(200)
 		// The same subject is the same user; it is not a superuser.
-		e.do(jwt(secret, map[string]any{"sub": sub, "aud": "fastapi-users:auth"}, "HS256"), "PATCH", api+"/workers/"+w, nil).want(200)
+		e.do(jwt(secret, map[string]any{"sub": sub, "aud": "fastapi-users:auth", "exp": exp}, "HS256"), "PATCH", api+"/workers/"+w, nil).want(200)
 		e.do(good, "PUT", api+"/rooms/@global/jobs", map[string]any{"category": "modifiers", "name": "X"}).problem(403, "forbidden")
-		e.do(jwt(secret, map[string]any{"sub": uuid.NewString()}, "HS256"), "PATCH", api+"/workers/"+w, nil).problem(403, "forbidden")
+		e.do(jwt(secret, map[string]any{"sub": uuid.NewString(), "aud": "fastapi-users:auth", "exp": exp}, "HS256"), "PATCH", api+"/workers/"+w, nil).problem(403, "forbidden")
 
 		bad := map[string]string{
 			"wrong secret":  jwt("other", map[string]any{"sub": sub, "exp": exp}, "HS256"),

@@ -17,7 +17,7 @@ func TestClaimRace(t *testing.T) {
 	each(t, func(t *testing.T, e *env) {
 		const (
 			jobs     = 5
-			perJob   = 400
+			perJob   = 200
 			claimers = 50
 			tasks    = jobs * perJob
 		)

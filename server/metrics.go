@@ -29,6 +29,8 @@ type Metrics struct {
 	SweepDuration prometheus.Histogram
 	// SweeperLeader is 1 while this node is the sweeper.
 	SweeperLeader prometheus.Gauge
+	// TasksDeleted counts finished tasks deleted by retention, by status.
+	TasksDeleted *prometheus.CounterVec
 }
 
 // NewMetrics creates the metrics, registers them (and a collector that
@@ -57,6 +59,12 @@ func NewMetrics(reg prometheus.Registerer, svc *joblib.Service) (*Metrics, error
 		SweeperLeader: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "joblib_sweeper_leader", Help: "1 while this node is the sweeper.",
 		}),
+		TasksDeleted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "joblib_tasks_deleted_total", Help: "Finished tasks deleted by retention, by status (completed, cancelled, failed).",
+		}, []string{"status"}),
+	}
+	for _, st := range []string{models.StatusCompleted, models.StatusCancelled, models.StatusFailed} {
+		m.TasksDeleted.WithLabelValues(st)
 	}
 	for _, p := range joblib.Paths {
 		m.WorkersCleaned.WithLabelValues(p)
@@ -66,7 +74,7 @@ func NewMetrics(reg prometheus.Registerer, svc *joblib.Service) (*Metrics, error
 		m.Sweeps.WithLabelValues(o)
 	}
 	for _, c := range []prometheus.Collector{m.WorkersCleaned, m.DetectionLatency, m.FalsePositives, m.Sweeps,
-		m.SweepDuration, m.SweeperLeader, newStateCollector(svc.DB())} {
+		m.SweepDuration, m.SweeperLeader, m.TasksDeleted, newStateCollector(svc.DB())} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register metrics: %w", err)
 		}
@@ -80,6 +88,9 @@ func NewMetrics(reg prometheus.Registerer, svc *joblib.Service) (*Metrics, error
 	})
 	svc.OnFalsePositive(func(fp joblib.FalsePositive) {
 		m.FalsePositives.WithLabelValues(fp.Path).Inc()
+	})
+	svc.OnTasksPruned(func(status string, n int64) {
+		m.TasksDeleted.WithLabelValues(status).Add(float64(n))
 	})
 	return m, nil
 }
@@ -148,9 +159,27 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // SocketCollector reports the open Socket.IO connections of rt, read at
-// scrape time.
+// scrape time, and its closed connections by reason.
 func SocketCollector(rt *Realtime) prometheus.Collector {
-	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "joblib_socket_connections", Help: "Open Socket.IO connections on this node.",
-	}, func() float64 { return float64(rt.io.NumSockets()) })
+	return socketCollector{
+		open: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "joblib_socket_connections", Help: "Open Socket.IO connections on this node.",
+		}, func() float64 { return float64(rt.io.NumSockets()) }),
+		disconnects: rt.disconnects,
+	}
+}
+
+type socketCollector struct {
+	open        prometheus.GaugeFunc
+	disconnects *prometheus.CounterVec
+}
+
+func (c socketCollector) Describe(ch chan<- *prometheus.Desc) {
+	c.open.Describe(ch)
+	c.disconnects.Describe(ch)
+}
+
+func (c socketCollector) Collect(ch chan<- prometheus.Metric) {
+	c.open.Collect(ch)
+	c.disconnects.Collect(ch)
 }

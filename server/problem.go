@@ -34,6 +34,8 @@ var problemStatus = map[joblib.Code]int{
 	joblib.CodeValidation:               http.StatusUnprocessableEntity,
 	joblib.CodePayloadTooLarge:          http.StatusRequestEntityTooLarge,
 	joblib.CodeUnauthorized:             http.StatusUnauthorized,
+	joblib.CodePolicyConflict:           http.StatusConflict,
+	joblib.CodeQuotaExceeded:            http.StatusTooManyRequests,
 }
 
 func newProblem(code joblib.Code, detail string) Problem {
@@ -59,7 +61,18 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 		return
 	}
 	if errors.Is(err, joblib.ErrUnauthorized) {
-		writeProblem(w, newProblem(joblib.CodeUnauthorized, "Unauthorized"))
+		detail := "Unauthorized"
+		var ae *joblib.AuthError
+		if errors.As(err, &ae) {
+			detail = ae.Reason
+		}
+		writeProblem(w, newProblem(joblib.CodeUnauthorized, detail))
+		return
+	}
+	if errors.Is(err, errRoomAuthUnavailable) {
+		s.log.LogAttrs(r.Context(), slog.LevelWarn, "room authorization unavailable", slog.String("path", r.URL.Path), slog.Any("err", err))
+		writeProblem(w, Problem{Type: "/v1/problems/room-auth-unavailable", Title: http.StatusText(503), Status: 503,
+			Detail: "Room authorization service unavailable"})
 		return
 	}
 	if r.Context().Err() != nil {

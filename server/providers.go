@@ -32,7 +32,7 @@ type registerProviderBody struct {
 }
 
 func (s *Server) registerProvider(w http.ResponseWriter, r *http.Request) {
-	room, p, ok := s.roomThenPrincipal(w, r)
+	room, p, ok := s.roomThenPrincipal(w, r, accessWrite)
 	if !ok {
 		return
 	}
@@ -89,7 +89,7 @@ func (s *Server) providerInfoOrRead(w http.ResponseWriter, r *http.Request) {
 // readProvider answers a provider read with the provider's bytes, or 504
 // ProviderTimeout with Retry-After: 2 when none arrived in time.
 func (s *Server) readProvider(w http.ResponseWriter, r *http.Request) {
-	room, _, ok := s.roomThenPrincipal(w, r)
+	room, _, ok := s.roomThenPrincipal(w, r, accessRead)
 	if !ok {
 		return
 	}

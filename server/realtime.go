@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/zndraw/joblib/events"
 	"github.com/zndraw/joblib/joblib"
 	"github.com/zndraw/joblib/server/sio"
@@ -59,13 +60,18 @@ func DefaultRealtimeConfig() RealtimeConfig {
 type Realtime struct {
 	svc         *joblib.Service
 	auth        *authenticator
+	rooms       *roomAuth // nil without JOBLIB_ROOM_AUTH_URL
 	publicReads bool
 	cfg         RealtimeConfig
 	log         *slog.Logger
 	io          *sio.Server
+	// disconnects counts closed sockets by reason (a fixed set, see
+	// sio.Reason*): "slow consumer" is the one operators alert on.
+	disconnects *prometheus.CounterVec
 
 	mu     sync.Mutex
 	bound  map[uuid.UUID]*sio.Socket // worker -> its socket on this node
+	authed map[*sio.Socket]struct{}  // sockets that connected with a credential
 	graces map[uuid.UUID]*time.Timer // worker -> pending disconnect cleanup
 	closed bool
 
@@ -79,7 +85,8 @@ type Realtime struct {
 // connState is what a socket carries: who it is, and the workers it bound.
 type connState struct {
 	p       joblib.Principal
-	anon    bool // connected without credentials under PublicReads: rooms only
+	token   string // the credential, forwarded to the room authorization host
+	anon    bool   // connected without credentials under PublicReads: rooms only
 	mu      sync.Mutex
 	workers map[uuid.UUID]int64 // worker -> session epoch of this binding
 }
@@ -95,9 +102,13 @@ func (s *Server) NewRealtime(cfg RealtimeConfig, log *slog.Logger) *Realtime {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	rt := &Realtime{
-		svc: s.svc, auth: s.auth, publicReads: s.cfg.PublicReads, cfg: cfg, log: log,
-		bound: map[uuid.UUID]*sio.Socket{}, graces: map[uuid.UUID]*time.Timer{},
+		svc: s.svc, auth: s.auth, rooms: s.rooms, publicReads: s.cfg.PublicReads, cfg: cfg, log: log,
+		bound: map[uuid.UUID]*sio.Socket{}, graces: map[uuid.UUID]*time.Timer{}, authed: map[*sio.Socket]struct{}{},
 		stop: make(chan struct{}), ctx: ctx, cancel: cancel,
+		disconnects: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "joblib_socket_disconnects_total",
+			Help: "Closed Socket.IO connections on this node by reason (slow consumer, ping timeout, transport error, ...).",
+		}, []string{"reason"}),
 	}
 	rt.io = sio.New(sio.Config{
 		PingInterval:   cfg.PingInterval,
@@ -120,6 +131,7 @@ func (rt *Realtime) IO() *sio.Server { return rt.io }
 func (rt *Realtime) Start() {
 	rt.unsub = rt.svc.Bus().Subscribe(rt.deliver)
 	rt.wg.Go(rt.keepAlive)
+	rt.wg.Go(rt.recheckCredentials)
 }
 
 // Shutdown closes every connection and stops the loops. Pending disconnect
@@ -184,7 +196,10 @@ func (rt *Realtime) OnConnect(ctx context.Context, s *sio.Socket, req *http.Requ
 		rt.log.Error("authenticate socket", "err", err)
 		return connectError{"Authentication unavailable"}
 	}
-	s.SetData(&connState{p: p, workers: map[uuid.UUID]int64{}})
+	s.SetData(&connState{p: p, token: token, workers: map[uuid.UUID]int64{}})
+	rt.mu.Lock()
+	rt.authed[s] = struct{}{}
+	rt.mu.Unlock()
 	return nil
 }
 
@@ -255,7 +270,12 @@ func (rt *Realtime) handle(ctx context.Context, s *sio.Socket, st *connState, ev
 			s.Leave(room)
 			return ack{OK: true}
 		}
-		return rt.joinAsWorker(ctx, s, st, *body.WorkerID, room, func() error { return rt.svc.CheckJob(ctx, *body.JobName) })
+		return rt.joinAsWorker(ctx, s, st, *body.WorkerID, room, func() error {
+			if err := rt.roomAccess(ctx, st, *body.JobName); err != nil {
+				return err
+			}
+			return rt.svc.CheckJob(ctx, *body.JobName)
+		})
 	case "join_provider_room", "leave_provider_room":
 		if body.ProviderName == nil || body.WorkerID == nil {
 			return ack{Status: 422, Detail: "provider_name and worker_id are required"}
@@ -265,7 +285,12 @@ func (rt *Realtime) handle(ctx context.Context, s *sio.Socket, st *connState, ev
 			s.Leave(room)
 			return ack{OK: true}
 		}
-		return rt.joinAsWorker(ctx, s, st, *body.WorkerID, room, func() error { return rt.svc.CheckProvider(ctx, st.p, *body.ProviderName) })
+		return rt.joinAsWorker(ctx, s, st, *body.WorkerID, room, func() error {
+			if err := rt.roomAccess(ctx, st, *body.ProviderName); err != nil {
+				return err
+			}
+			return rt.svc.CheckProvider(ctx, st.p, *body.ProviderName)
+		})
 	case "claim_tasks":
 		return rt.claimTasks(ctx, st, body.WorkerID, body.Limit)
 	case "join_room", "leave_room":
@@ -277,9 +302,14 @@ func (rt *Realtime) handle(ctx context.Context, s *sio.Socket, st *connState, ev
 		}
 		if ev.Name == "leave_room" {
 			s.Leave(events.Room(*body.RoomID))
-		} else {
-			s.Join(events.Room(*body.RoomID))
+			return ack{OK: true}
 		}
+		if rt.rooms != nil {
+			if err := rt.rooms.check(ctx, st.p, st.token, *body.RoomID, accessRead); err != nil {
+				return errAck(err)
+			}
+		}
+		s.Join(events.Room(*body.RoomID))
 		return ack{OK: true}
 	}
 	return ack{Status: 404, Detail: fmt.Sprintf("unknown event %q", ev.Name)}
@@ -352,9 +382,26 @@ func (rt *Realtime) joinAsWorker(ctx context.Context, s *sio.Socket, st *connSta
 	return ack{OK: true}
 }
 
+// roomAccess asks the room authorization host (when configured) whether the
+// socket's caller may read the room of a job or provider it joins as a
+// worker.
+func (rt *Realtime) roomAccess(ctx context.Context, st *connState, fullName string) error {
+	if rt.rooms == nil {
+		return nil
+	}
+	room, _, _, ok := joblib.SplitFullName(fullName)
+	if !ok || joblib.ValidateRoomID(room) != nil {
+		return nil // not found by the existence check that follows
+	}
+	return rt.rooms.check(ctx, st.p, st.token, room, accessRead)
+}
+
 func errAck(err error) ack {
 	if e, ok := joblib.AsError(err); ok {
 		return ack{Status: newProblem(e.Code, e.Detail).Status, Detail: e.Detail}
+	}
+	if errors.Is(err, errRoomAuthUnavailable) {
+		return ack{Status: 503, Detail: "Room authorization service unavailable"}
 	}
 	return ack{Status: 500, Detail: "internal error"}
 }
@@ -364,6 +411,10 @@ func errAck(err error) ack {
 // binding: a re-join (here or on another node) moves the epoch on and the
 // cleanup then finds nothing to do.
 func (rt *Realtime) OnDisconnect(s *sio.Socket, reason string) {
+	rt.disconnects.WithLabelValues(reason).Inc()
+	rt.mu.Lock()
+	delete(rt.authed, s)
+	rt.mu.Unlock()
 	st, _ := s.Data().(*connState)
 	if st == nil {
 		return
@@ -411,6 +462,47 @@ func (rt *Realtime) expire(wid uuid.UUID, epoch int64) {
 	}
 	if res.Cleaned == 0 {
 		rt.log.Debug("worker re-attached within grace; kept", "worker", wid)
+	}
+}
+
+// recheckCredentials disconnects the sockets whose credential stopped
+// authenticating (revoked, expired, user deactivated), once per credential
+// cache period, so that a revocation also ends open connections (and with
+// them the heartbeats they keep fresh) on every node. Most checks are
+// answered by the credential cache.
+func (rt *Realtime) recheckCredentials() {
+	every := rt.auth.cache.ttl
+	if every <= 0 {
+		every = DefaultCredentialCacheTTL
+	}
+	every = max(every, 100*time.Millisecond)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-rt.stop:
+			return
+		case <-t.C:
+		}
+		rt.mu.Lock()
+		socks := make([]*sio.Socket, 0, len(rt.authed))
+		for s := range rt.authed {
+			socks = append(socks, s)
+		}
+		rt.mu.Unlock()
+		for _, s := range socks {
+			st, _ := s.Data().(*connState)
+			if st == nil || st.anon {
+				continue
+			}
+			ctx, cancel := context.WithTimeout(rt.ctx, 5*time.Second)
+			_, err := rt.auth.authenticate(ctx, st.token)
+			cancel()
+			if errors.Is(err, joblib.ErrUnauthorized) {
+				rt.log.Info("socket credential no longer valid; disconnecting", "socket", s.ID(), "user", st.p.Name, "err", err)
+				s.Disconnect()
+			}
+		}
 	}
 }
 

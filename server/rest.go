@@ -44,8 +44,13 @@ func (s *Server) routes() {
 }
 
 // principal authenticates the request or answers 401 and returns ok=false.
+// A write authenticated only by the cookie must also pass the cross-site
+// checks (403 otherwise).
 func (s *Server) principal(w http.ResponseWriter, r *http.Request) (joblib.Principal, bool) {
 	p, err := s.auth.authenticate(r.Context(), tokenFrom(r))
+	if err == nil {
+		err = s.checkCookieWrite(r)
+	}
 	if err != nil {
 		if errors.Is(err, joblib.ErrUnauthorized) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="joblib"`)
@@ -56,11 +61,32 @@ func (s *Server) principal(w http.ResponseWriter, r *http.Request) (joblib.Princ
 	return p, true
 }
 
-// read wraps a GET handler: authenticated unless PublicReads is on.
+// roomAccess asks the host (JOBLIB_ROOM_AUTH_URL) whether p may access room;
+// it answers the refusal (403) or outage (503) itself and returns false.
+func (s *Server) roomAccess(w http.ResponseWriter, r *http.Request, p joblib.Principal, room, access string) bool {
+	if s.rooms == nil {
+		return true
+	}
+	if err := s.rooms.check(r.Context(), p, tokenFrom(r), room, access); err != nil {
+		s.fail(w, r, err)
+		return false
+	}
+	return true
+}
+
+// read wraps a GET handler: authenticated unless PublicReads is on, and,
+// for a route under /rooms/{room}, read access to the room.
 func (s *Server) read(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if !s.cfg.PublicReads {
-			if _, ok := s.principal(w, r); !ok {
+		var p joblib.Principal
+		if !s.cfg.PublicReads || (s.rooms != nil && tokenFrom(r) != "") {
+			var ok bool
+			if p, ok = s.principal(w, r); !ok {
+				return
+			}
+		}
+		if room := r.PathValue("room"); room != "" && joblib.ValidateRoomID(room) == nil {
+			if !s.roomAccess(w, r, p, room, accessRead) {
 				return
 			}
 		}
@@ -70,14 +96,17 @@ func (s *Server) read(h http.HandlerFunc) http.HandlerFunc {
 
 // roomThenPrincipal validates the path's room before authenticating, the order
 // the contract's write endpoints use (an invalid room is 400 even without
-// credentials).
-func (s *Server) roomThenPrincipal(w http.ResponseWriter, r *http.Request) (string, joblib.Principal, bool) {
+// credentials), then checks the caller's access to the room.
+func (s *Server) roomThenPrincipal(w http.ResponseWriter, r *http.Request, access string) (string, joblib.Principal, bool) {
 	room := r.PathValue("room")
 	if err := joblib.ValidateRoomID(room); err != nil {
 		s.fail(w, r, err)
 		return "", joblib.Principal{}, false
 	}
 	p, ok := s.principal(w, r)
+	if ok {
+		ok = s.roomAccess(w, r, p, room, access)
+	}
 	return room, p, ok
 }
 
@@ -316,7 +345,7 @@ func schemaOf(w http.ResponseWriter, main, alias json.RawMessage) (json.RawMessa
 }
 
 func (s *Server) registerJob(w http.ResponseWriter, r *http.Request) {
-	room, p, ok := s.roomThenPrincipal(w, r)
+	room, p, ok := s.roomThenPrincipal(w, r, accessWrite)
 	if !ok {
 		return
 	}
@@ -377,7 +406,7 @@ func (s *Server) listRoomTasks(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) submitTask(w http.ResponseWriter, r *http.Request) {
-	room, p, ok := s.roomThenPrincipal(w, r)
+	room, p, ok := s.roomThenPrincipal(w, r, accessWrite)
 	if !ok {
 		return
 	}
@@ -469,6 +498,24 @@ func (s *Server) getTask(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	if s.rooms != nil {
+		// The task's room is only known from the task.
+		t, err := s.svc.GetTask(r.Context(), id)
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		var p joblib.Principal
+		if tokenFrom(r) != "" {
+			var ok bool
+			if p, ok = s.principal(w, r); !ok {
+				return
+			}
+		}
+		if !s.roomAccess(w, r, p, t.RoomID, accessRead) {
+			return
+		}
+	}
 	wait, _ := parsePreferWait(r.Header.Get("Prefer"))
 	task, effective, waited, err := s.svc.WaitTask(r.Context(), id, wait)
 	if err != nil {
@@ -491,8 +538,9 @@ func (s *Server) updateTask(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var b struct {
-		Status *string `json:"status"`
-		Error  *string `json:"error"`
+		Status *string         `json:"status"`
+		Error  *string         `json:"error"`
+		Result json.RawMessage `json:"result"`
 	}
 	if !s.decodeBody(w, r, &b) {
 		return
@@ -501,7 +549,7 @@ func (s *Server) updateTask(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, `field "status" must be one of pending, claimed, running, completed, failed, cancelled`)
 		return
 	}
-	task, err := s.svc.UpdateTask(r.Context(), p, id, *b.Status, b.Error)
+	task, err := s.svc.UpdateTaskResult(r.Context(), p, id, *b.Status, b.Error, b.Result)
 	s.answer(w, r, http.StatusOK, task, err)
 }
 

@@ -2,6 +2,9 @@ package server
 
 import (
 	"bytes"
+	"cmp"
+	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"runtime/debug"
@@ -20,25 +23,66 @@ type Config struct {
 	// AdminToken, when set, is an API token of a superuser named "admin"
 	// that exists from start-up on.
 	AdminToken string `env:"ADMIN_TOKEN"`
-	// JWTSecret, when set, also accepts HS256 JWTs signed with it whose `sub`
-	// is a user id (ZnDraw/fastapi-users tokens).
+	// JWTSecret, when set, also accepts JWTs signed with it whose `sub` is a
+	// user id (ZnDraw/fastapi-users tokens).
 	JWTSecret string `env:"JWT_SECRET"`
+	// JWTAlgorithm is the only algorithm accepted: HS256, HS384 or HS512.
+	JWTAlgorithm string `env:"JWT_ALGORITHM" envDefault:"HS256"`
+	// JWTAudience must be in a JWT's aud claim.
+	JWTAudience string `env:"JWT_AUDIENCE" envDefault:"fastapi-users:auth"`
+	// JWTIssuer, when set, must be a JWT's iss claim.
+	JWTIssuer string `env:"JWT_ISSUER"`
+	// JWTLeeway is the clock skew allowed on exp and nbf.
+	JWTLeeway time.Duration `env:"JWT_LEEWAY" envDefault:"30s"`
+	// JWTSuperuserClaim, when set, names a boolean claim (e.g. is_superuser)
+	// that decides whether a JWT's caller is a superuser.
+	JWTSuperuserClaim string `env:"JWT_SUPERUSER_CLAIM"`
+	// AllowedOrigins are the browser origins (host patterns) besides the
+	// server's own host from which cookie-authenticated writes are accepted
+	// (and sockets opened).
+	AllowedOrigins []string `env:"ALLOWED_ORIGINS"`
+	// CredentialCacheTTL is how long a resolved token is reused without
+	// reading the database: revocations and expiries apply within it on
+	// every node. 0 disables the cache.
+	CredentialCacheTTL time.Duration `env:"CREDENTIAL_CACHE_TTL" envDefault:"5s"`
 	// PublicReads lets unauthenticated callers use the GET endpoints.
 	PublicReads bool `env:"PUBLIC_READS" envDefault:"false"`
+	// RoomAuth delegates room access decisions to the host application.
+	RoomAuth RoomAuthConfig
 }
 
 // DefaultConfig returns the documented defaults.
 func DefaultConfig() Config {
-	return Config{ListenAddr: ":8080", MaxBodyBytes: 8 << 20}
+	return Config{ListenAddr: ":8080", MaxBodyBytes: 8 << 20, JWTAlgorithm: "HS256", JWTAudience: DefaultJWTAudience,
+		JWTLeeway: 30 * time.Second, CredentialCacheTTL: DefaultCredentialCacheTTL, RoomAuth: DefaultRoomAuthConfig()}
+}
+
+// Validate rejects configurations the server cannot run with; errors name the
+// variable.
+func (c Config) Validate() error {
+	if _, ok := jwtAlgorithms[c.JWTAlgorithm]; !ok {
+		return fmt.Errorf("JOBLIB_JWT_ALGORITHM must be HS256, HS384 or HS512, got %q", c.JWTAlgorithm)
+	}
+	if c.JWTLeeway < 0 || c.JWTLeeway > 5*time.Minute {
+		return fmt.Errorf("JOBLIB_JWT_LEEWAY must be between 0 and 5m, got %s", c.JWTLeeway)
+	}
+	if c.CredentialCacheTTL < 0 || c.CredentialCacheTTL > time.Minute {
+		return fmt.Errorf("JOBLIB_CREDENTIAL_CACHE_TTL must be between 0 and 1m, got %s", c.CredentialCacheTTL)
+	}
+	if c.JWTSecret != "" && c.AdminToken != "" && looksLikeJWT(c.AdminToken) {
+		return errors.New("JOBLIB_ADMIN_TOKEN has the shape of a JWT (three dot-separated base64url parts) and JOBLIB_JWT_SECRET is set: it would be verified as a JWT and never match; choose an admin token without that shape (e.g. jl_...)")
+	}
+	return c.RoomAuth.validate()
 }
 
 // Server is joblib's HTTP surface. Build it with New and mount Handler.
 type Server struct {
-	svc  *joblib.Service
-	cfg  Config
-	log  *slog.Logger
-	auth *authenticator
-	mux  *http.ServeMux
+	svc   *joblib.Service
+	cfg   Config
+	log   *slog.Logger
+	auth  *authenticator
+	rooms *roomAuth // nil without JOBLIB_ROOM_AUTH_URL
+	mux   *http.ServeMux
 }
 
 // New builds the HTTP server over a service.
@@ -50,11 +94,15 @@ func New(svc *joblib.Service, cfg Config, log *slog.Logger) *Server {
 		cfg.MaxBodyBytes = DefaultConfig().MaxBodyBytes
 	}
 	s := &Server{
-		svc:  svc,
-		cfg:  cfg,
-		log:  log,
-		auth: &authenticator{svc: svc, jwtSecret: []byte(cfg.JWTSecret), now: time.Now},
-		mux:  http.NewServeMux(),
+		svc: svc,
+		cfg: cfg,
+		log: log,
+		auth: &authenticator{svc: svc, now: time.Now, cache: authCache{ttl: cfg.CredentialCacheTTL}, jwt: jwtConfig{
+			secret: []byte(cfg.JWTSecret), alg: cmp.Or(cfg.JWTAlgorithm, "HS256"), audience: cmp.Or(cfg.JWTAudience, DefaultJWTAudience),
+			issuer: cfg.JWTIssuer, leeway: cfg.JWTLeeway, superuserClaim: cfg.JWTSuperuserClaim,
+		}},
+		rooms: newRoomAuth(cfg.RoomAuth),
+		mux:   http.NewServeMux(),
 	}
 	s.routes()
 	return s

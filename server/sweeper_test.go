@@ -80,9 +80,12 @@ func statusOf(ems []events.Emission, taskID, status string) bool {
 // its task is failed (or requeued, per the job's policy) and the events are
 // published within worker timeout + sweep interval + 1 s.
 func TestKilledWorkerProcessIsCleanedInTime(t *testing.T) {
+	// The four runs are mostly waiting for the sweeper: they run side by
+	// side (this test is not parallel with the rest of the package).
 	for _, policy := range []string{joblib.OnWorkerLossFail, joblib.OnWorkerLossRequeue} {
 		t.Run(policy, func(t *testing.T) {
-			dbtest.Each(t, func(t *testing.T, db *models.DB) {
+			t.Parallel()
+			eachParallel(t, func(t *testing.T, db *models.DB) {
 				e := setup(t, db, withSettings(liveSettings))
 				startSweeper(t, e, joblib.SweeperConfig{})
 				job := "killed-" + policy
@@ -125,6 +128,17 @@ func TestKilledWorkerProcessIsCleanedInTime(t *testing.T) {
 					t.Fatalf("audit %+v", es)
 				}
 			})
+		})
+	}
+}
+
+// eachParallel is dbtest.Each with the dialects' subtests run in parallel.
+func eachParallel(t *testing.T, fn func(t *testing.T, db *models.DB)) {
+	t.Helper()
+	for _, d := range dbtest.Dialects {
+		t.Run(string(d), func(t *testing.T) {
+			t.Parallel()
+			fn(t, dbtest.Open(t, d))
 		})
 	}
 }

@@ -51,13 +51,16 @@ func (r *statusRig) task(state string) string {
 	return id
 }
 
-// The whole state machine of §3.1 through PATCH: the eight allowed
+// The whole state machine of §3.1 through PATCH: the seven allowed
 // transitions answer 200, every other pair (same state, backwards, out of a
 // terminal state) 409 invalid-task-transition and leaves the task unchanged.
+// pending → claimed is refused too: through PATCH it would leave a claimed
+// task without a worker that nothing ever reaps (only POST /tasks/claim
+// claims).
 func TestTaskTransitionMatrix(t *testing.T) {
 	t.Parallel()
 	allowed := map[string][]string{
-		"pending": {"claimed", "cancelled"},
+		"pending": {"cancelled"},
 		"claimed": {"running", "failed", "cancelled"},
 		"running": {"completed", "failed", "cancelled"},
 	}
@@ -81,7 +84,11 @@ func TestTaskTransitionMatrix(t *testing.T) {
 					continue
 				}
 				p := e.patch(e.admin, id, to).problem(409, "invalid-task-transition")
-				if want := fmt.Sprintf("Cannot transition from '%s' to '%s'", from, to); p["detail"] != want || p["title"] != "Conflict" {
+				want := fmt.Sprintf("Cannot transition from '%s' to '%s'", from, to)
+				if from == "pending" && to == "claimed" {
+					want += ": the task has no worker (workers claim tasks with POST /tasks/claim)"
+				}
+				if p["detail"] != want || p["title"] != "Conflict" {
 					t.Fatalf("%s→%s: problem %v, want detail %q", from, to, p, want)
 				}
 			}

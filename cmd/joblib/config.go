@@ -4,13 +4,17 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"reflect"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/caarlos0/env/v11"
 	"github.com/zndraw/joblib/joblib"
+	"github.com/zndraw/joblib/models"
 	"github.com/zndraw/joblib/server"
 )
 
@@ -19,9 +23,13 @@ const envPrefix = "JOBLIB_"
 
 // Config is the whole process configuration, read from the environment.
 type Config struct {
-	// DatabaseURL: a postgres:// URL selects PostgreSQL; anything else is a
-	// SQLite file path.
+	// DatabaseURL: a postgres:// URL selects PostgreSQL; sqlite://PATH,
+	// file:PATH or a plain path a SQLite file; other schemes are refused.
 	DatabaseURL string `env:"DATABASE_URL" envDefault:"joblib.db"`
+	// BuiltinJobs registers the built-in @internal jobs (RoomSummary).
+	// Off by default: rooms then list exactly the jobs clients registered,
+	// as with the Python server.
+	BuiltinJobs bool `env:"BUILTIN_JOBS" envDefault:"false"`
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `env:"LOG_LEVEL" envDefault:"info"`
 	// LogFormat is text or json.
@@ -51,6 +59,19 @@ func (c Config) validate() error {
 	if _, err := parseLevel(c.LogLevel); err != nil {
 		return err
 	}
+	if err := validateListenAddr(c.Server.ListenAddr); err != nil {
+		return fmt.Errorf("JOBLIB_LISTEN_ADDR: %w", err)
+	}
+	if c.DatabaseURL != "" {
+		if _, _, err := models.ParseURL(c.DatabaseURL); err != nil {
+			return fmt.Errorf("JOBLIB_DATABASE_URL: %w", err)
+		}
+	}
+	// The settings first: the relations checked below assume them valid
+	// (a zero worker timeout is its own error, not the keep-alive's).
+	if err := c.Settings.Validate(); err != nil {
+		return err
+	}
 	if c.LogFormat != "text" && c.LogFormat != "json" {
 		return fmt.Errorf("JOBLIB_LOG_FORMAT must be text or json, got %q", c.LogFormat)
 	}
@@ -72,7 +93,82 @@ func (c Config) validate() error {
 	if c.Realtime.MaxMessageBytes <= 0 || c.Realtime.SendQueue <= 0 {
 		return errors.New("JOBLIB_SOCKET_MAX_MESSAGE_BYTES and JOBLIB_SOCKET_SEND_QUEUE must be positive")
 	}
-	return c.Settings.Validate()
+	return c.Server.Validate()
+}
+
+// validateListenAddr accepts host:port with a numeric port (host may be
+// empty: every interface).
+func validateListenAddr(addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("listen address %q must be host:port (e.g. :8080 or 127.0.0.1:8080)", addr)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		return fmt.Errorf("listen address %q: port must be a number from 0 to 65535", addr)
+	}
+	return nil
+}
+
+// otherVariables are JOBLIB_ variables read outside Config.
+var otherVariables = []string{"JOBLIB_TEST_DATABASE_URL"}
+
+// knownVariables lists every JOBLIB_ variable joblib reads.
+func knownVariables() []string {
+	vars := map[string]string{}
+	collectEnvNames(reflect.TypeOf(Config{}), vars)
+	out := append([]string(nil), otherVariables...)
+	for _, v := range vars {
+		out = append(out, v)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// unknownVariables warns about JOBLIB_ variables joblib does not read (a
+// typo silently ignored is worse than a warning), naming the closest
+// known one.
+func unknownVariables(environ map[string]string) []string {
+	known := knownVariables()
+	var warnings []string
+	for k := range environ {
+		if !strings.HasPrefix(k, envPrefix) || slices.Contains(known, k) {
+			continue
+		}
+		best, bestD := "", -1
+		for _, n := range known {
+			if d := editDistance(k, n); bestD < 0 || d < bestD {
+				best, bestD = n, d
+			}
+		}
+		w := fmt.Sprintf("unknown variable %s is ignored", k)
+		if bestD >= 0 && bestD <= max(3, len(k)/3) {
+			w += fmt.Sprintf("; did you mean %s?", best)
+		}
+		warnings = append(warnings, w)
+	}
+	slices.Sort(warnings)
+	return warnings
+}
+
+// editDistance is the Levenshtein distance between a and b.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }
 
 func parseLevel(s string) (slog.Level, error) {

@@ -87,6 +87,11 @@ func TestConfigFromEnvironment(t *testing.T) {
 		{map[string]string{"JOBLIB_DATABASE_URL": "postgres://u@h/db", "JOBLIB_LOG_LEVEL": "debug", "JOBLIB_LOG_FORMAT": "json"}, func(c Config) bool {
 			return c.DatabaseURL == "postgres://u@h/db" && c.LogLevel == "debug" && c.LogFormat == "json"
 		}},
+		// 0 keeps finished tasks forever.
+		{map[string]string{"JOBLIB_TASK_RETENTION_COMPLETED": "0", "JOBLIB_TASK_RETENTION_FAILED": "720h", "JOBLIB_TASK_RETENTION_BATCH": "50"}, func(c Config) bool {
+			s := c.Settings
+			return s.TaskRetentionCompleted == 0 && s.TaskRetentionFailed == 720*time.Hour && s.TaskRetentionBatch == 50
+		}},
 		// Variables of other programs (the Python server's prefix) are ignored.
 		{map[string]string{"ZNDRAW_JOBLIB_WORKER_TIMEOUT_SECONDS": "120", "WORKER_TIMEOUT": "1s"}, func(c Config) bool {
 			return c.Settings.WorkerTimeout == 60*time.Second
@@ -121,6 +126,9 @@ func TestConfigInvalidValuesNameTheVariable(t *testing.T) {
 		"JOBLIB_LOG_LEVEL":                   "loud",
 		"JOBLIB_LOG_FORMAT":                  "xml",
 		"JOBLIB_SHUTDOWN_TIMEOUT":            "0s",
+		"JOBLIB_TASK_RETENTION_COMPLETED":    "-1h",
+		"JOBLIB_TASK_RETENTION_FAILED":       "a week",
+		"JOBLIB_TASK_RETENTION_BATCH":        "0",
 	}
 	for name, value := range cases {
 		_, err := loadConfig(map[string]string{name: value})
@@ -148,5 +156,47 @@ func TestConfigKeepAliveFollowsWorkerTimeout(t *testing.T) {
 	_, err := loadConfig(map[string]string{"JOBLIB_WORKER_TIMEOUT": "6s", "JOBLIB_SOCKET_KEEPALIVE_INTERVAL": "6s"})
 	if err == nil || !strings.Contains(err.Error(), "JOBLIB_SOCKET_KEEPALIVE_INTERVAL") {
 		t.Fatalf("keep-alive equal to the worker timeout: %v, want an error naming the variable", err)
+	}
+}
+
+// The credential, room authorization and quota variables are read, have
+// their documented defaults, and bad values stop start-up naming the
+// variable.
+func TestConfigCredentials(t *testing.T) {
+	t.Parallel()
+	def, err := loadConfig(map[string]string{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, st := def.Server, def.Settings
+	if s.JWTAudience != "fastapi-users:auth" || s.JWTAlgorithm != "HS256" || s.JWTLeeway != 30*time.Second || s.CredentialCacheTTL != 5*time.Second ||
+		s.RoomAuth.URL != "" || s.RoomAuth.Timeout != 2*time.Second || s.RoomAuth.CacheTTL != 5*time.Second || s.RoomAuth.CacheSize != 10000 || s.RoomAuth.FailOpen ||
+		st.UserMaxWorkers != 1000 || st.UserMaxProviders != 1000 || st.UserMaxPendingTasks != 10000 {
+		t.Fatalf("defaults %+v %+v", s, st)
+	}
+	cfg, err := loadConfig(map[string]string{
+		"JOBLIB_JWT_AUDIENCE": "aud", "JOBLIB_JWT_ISSUER": "iss", "JOBLIB_JWT_ALGORITHM": "HS512", "JOBLIB_JWT_SUPERUSER_CLAIM": "is_superuser",
+		"JOBLIB_ALLOWED_ORIGINS": "app.example.com,*.example.org", "JOBLIB_ROOM_AUTH_URL": "http://host/rooms", "JOBLIB_ROOM_AUTH_FAIL_OPEN": "true",
+		"JOBLIB_ROOM_AUTH_CACHE_TTL": "1s", "JOBLIB_USER_MAX_WORKERS": "0", "JOBLIB_CREDENTIAL_CACHE_TTL": "0s",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s = cfg.Server
+	if s.JWTAudience != "aud" || s.JWTIssuer != "iss" || s.JWTAlgorithm != "HS512" || s.JWTSuperuserClaim != "is_superuser" ||
+		!reflect.DeepEqual(s.AllowedOrigins, []string{"app.example.com", "*.example.org"}) || s.RoomAuth.URL != "http://host/rooms" ||
+		!s.RoomAuth.FailOpen || s.RoomAuth.CacheTTL != time.Second || cfg.Settings.UserMaxWorkers != 0 || s.CredentialCacheTTL != 0 {
+		t.Fatalf("parsed %+v", s)
+	}
+	for name, val := range map[string]string{
+		"JOBLIB_JWT_ALGORITHM":          "RS256",
+		"JOBLIB_ROOM_AUTH_URL":          "ftp://x",
+		"JOBLIB_USER_MAX_PENDING_TASKS": "-1",
+		"JOBLIB_JWT_LEEWAY":             "1h",
+		"JOBLIB_CREDENTIAL_CACHE_TTL":   "-1s",
+	} {
+		if _, err := loadConfig(map[string]string{name: val}); err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s=%s: %v", name, val, err)
+		}
 	}
 }

@@ -33,8 +33,17 @@ func joblibBinary(t *testing.T) string {
 			buildErr = err
 			return
 		}
+		// Readable by every user: a test runs it as nobody.
+		if err := os.Chmod(dir, 0o755); err != nil {
+			buildErr = err
+			return
+		}
 		binPath = filepath.Join(dir, "joblib")
-		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
+		// The flags of the Dockerfile's static build (deploy/deploy_test.go
+		// runs that one): both builds then share the compile cache.
+		cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", binPath, ".")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		out, err := cmd.CombinedOutput()
 		if err != nil {
 			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
 		}

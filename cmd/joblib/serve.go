@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -18,10 +19,71 @@ import (
 	"github.com/zndraw/joblib/server"
 )
 
+func serveCommand() *command {
+	return &command{
+		name:    "serve",
+		summary: "run the coordinator: REST, Socket.IO and metrics on one port",
+		long: "On start, serve validates the configuration, binds the listener, then creates or\n" +
+			"migrates the database. On an empty database without JOBLIB_ADMIN_TOKEN it creates a\n" +
+			"superuser \"admin\" and prints its API token once, when the server is serving;\n" +
+			"`joblib token create --user NAME --superuser` makes another at any time.\n",
+		setup: func(fs *flag.FlagSet) runFunc {
+			listen := fs.String("listen", "", "listen address `ADDR` (host:port); overrides JOBLIB_LISTEN_ADDR")
+			return func(ctx context.Context, e *cmdEnv, _ []string) error {
+				cfg, log, err := e.config()
+				if err != nil {
+					return err
+				}
+				if *listen != "" {
+					if err := validateListenAddr(*listen); err != nil {
+						return fmt.Errorf("--listen: %w", err)
+					}
+					cfg.Server.ListenAddr = *listen
+				}
+				return serve(ctx, cfg, log, e.stdout)
+			}
+		},
+	}
+}
+
+func migrateCommand() *command {
+	return &command{
+		name:    "migrate",
+		summary: "create the database or bring its schema up to date, then exit",
+		setup: func(fs *flag.FlagSet) runFunc {
+			return func(ctx context.Context, e *cmdEnv, _ []string) error {
+				cfg, log, err := e.config()
+				if err != nil {
+					return err
+				}
+				db, err := openDB(ctx, cfg, log, true)
+				if err != nil {
+					return err
+				}
+				defer db.Close()
+				v, err := db.SchemaVersion(ctx)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(e.stdout, "%s: schema at version %d\n", models.Describe(cfg.DatabaseURL), v)
+				return nil
+			}
+		},
+	}
+}
+
 // serve runs the coordinator until ctx is cancelled (SIGTERM/SIGINT), then
-// drains in-flight requests within ShutdownTimeout.
+// drains in-flight requests within ShutdownTimeout. The order matters to an
+// operator: the configuration was validated before; the listener is bound
+// before the database is created or migrated (a busy port changes
+// nothing); a fresh database's admin token is printed only once serving.
 func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) error {
-	db, err := openDB(ctx, cfg, log)
+	ln, err := net.Listen("tcp", cfg.Server.ListenAddr)
+	if err != nil {
+		return fmt.Errorf("listen on %s (JOBLIB_LISTEN_ADDR or --listen): %w", cfg.Server.ListenAddr, err)
+	}
+	defer ln.Close()
+	db, err := openDB(ctx, cfg, log, true)
 	if err != nil {
 		return err
 	}
@@ -45,15 +107,18 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	svc := joblib.New(joblib.Config{DB: db, Bus: bus, Logger: log.With("component", "joblib"), Settings: cfg.Settings, Node: node})
 	defer svc.Close()
 
-	if err := bootstrapAuth(ctx, cfg, svc, log, stdout); err != nil {
-		return err
-	}
 	// Internal jobs run inside this process; their job rows are ensured
-	// before the first request so submissions find them.
-	if err := svc.RegisterInternal(joblib.RoomSummaryJob(svc)); err != nil {
-		return err
+	// before the first request so submissions find them. The built-in ones
+	// are opt-in: rooms list exactly the jobs clients registered.
+	if cfg.BuiltinJobs {
+		if err := svc.RegisterInternal(joblib.RoomSummaryJob(svc)); err != nil {
+			return err
+		}
 	}
 	if err := svc.EnsureInternalJobs(ctx); err != nil {
+		return err
+	}
+	if err := svc.RetireBuiltinJobs(ctx); err != nil {
 		return err
 	}
 	// Result cache upkeep (and, on PostgreSQL, the cross-node LISTEN) and the
@@ -86,9 +151,11 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	rt.Start()
 	reg.MustRegister(server.SocketCollector(rt))
 	srv.Handle("GET /metrics", server.MetricsHandler(reg))
-	ln, err := net.Listen("tcp", cfg.Server.ListenAddr)
+	// Last before serving: a token created earlier would be lost with a
+	// failed start (a fresh database's token is shown only once).
+	token, err := bootstrapAuth(ctx, cfg, svc)
 	if err != nil {
-		return fmt.Errorf("listen on %s: %w", cfg.Server.ListenAddr, err)
+		return err
 	}
 	longest := max(cfg.Settings.LongPollMaxWait, cfg.Settings.ProviderLongPollMax)
 	hs := &http.Server{
@@ -102,7 +169,12 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	hs.RegisterOnShutdown(svc.Drain)
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
-	log.Info("listening", "addr", ln.Addr().String(), "database", db.Dialect())
+	log.Info("listening", "addr", ln.Addr().String(), "database", db.Dialect(), "url", models.Describe(cfg.DatabaseURL))
+	if token != "" {
+		fmt.Fprintf(stdout, "No users yet: created superuser \"admin\" with this API token (shown once;\n"+
+			"`joblib token create --user NAME --superuser` makes another):\n%s\n", token)
+		log.Info("created the initial admin token; it was printed to stdout")
+	}
 
 	select {
 	case err := <-errc:
@@ -123,23 +195,21 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 }
 
 // bootstrapAuth makes sure somebody can log in: the configured admin token,
-// or, on an empty database without one, a freshly issued admin token printed
-// once.
-func bootstrapAuth(ctx context.Context, cfg Config, svc *joblib.Service, log *slog.Logger, stdout io.Writer) error {
+// or, on an empty database without one, a freshly issued admin token that
+// the caller prints once serving.
+func bootstrapAuth(ctx context.Context, cfg Config, svc *joblib.Service) (string, error) {
 	if cfg.Server.AdminToken != "" {
-		return svc.EnsureAdminToken(ctx, cfg.Server.AdminToken)
+		return "", svc.EnsureAdminToken(ctx, cfg.Server.AdminToken)
 	}
 	has, err := svc.HasUsers(ctx)
 	if err != nil || has {
-		return err
+		return "", err
 	}
 	tok, _, err := svc.CreateToken(ctx, "admin", true)
 	if err != nil {
-		return err
+		return "", fmt.Errorf("create the initial admin token: %w", err)
 	}
-	fmt.Fprintf(stdout, "No users yet: created superuser \"admin\" with this API token (shown once):\n%s\n", tok)
-	log.Info("created initial admin token; it was printed to stdout")
-	return nil
+	return tok, nil
 }
 
 // recoverNode is startup recovery: it cleans the workers whose sockets a

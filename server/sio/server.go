@@ -126,6 +126,10 @@ func (srv *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	transport := q.Get("transport")
 	if r.Header.Get("Origin") != "" {
 		if !srv.originAllowed(r) {
+			// Logged: a browser refused for its origin otherwise only sees a
+			// CORS failure, and the operator nothing at all.
+			srv.cfg.Logger.Warn("socket refused: origin not allowed", "origin", r.Header.Get("Origin"), "host", r.Host,
+				"transport", transport, "remote", r.RemoteAddr)
 			writeError(w, http.StatusForbidden, codeForbidden)
 			return
 		}

@@ -1,0 +1,181 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/zndraw/joblib/joblib"
+)
+
+// RoomAuthConfig delegates room access to the host application: before a
+// REST call touches a room or a socket joins one, joblib asks URL whether the
+// caller may read or write that room.
+type RoomAuthConfig struct {
+	// URL receives POST {"user_id", "room_id", "access": "read"|"write"}
+	// with the caller's Authorization forwarded; 2xx allows, 401/403/404
+	// refuse, anything else (or no answer) is an outage. Empty disables the
+	// check (every authenticated caller may use every room).
+	URL string `env:"ROOM_AUTH_URL"`
+	// Timeout bounds one question to the host.
+	Timeout time.Duration `env:"ROOM_AUTH_TIMEOUT" envDefault:"2s"`
+	// CacheTTL is how long an answer (allow or refuse) is reused; 0 asks
+	// every time.
+	CacheTTL time.Duration `env:"ROOM_AUTH_CACHE_TTL" envDefault:"5s"`
+	// CacheSize bounds the cached answers.
+	CacheSize int `env:"ROOM_AUTH_CACHE_SIZE" envDefault:"10000"`
+	// FailOpen allows access when the host cannot be reached; by default
+	// such calls answer 503 (fail closed).
+	FailOpen bool `env:"ROOM_AUTH_FAIL_OPEN" envDefault:"false"`
+}
+
+// DefaultRoomAuthConfig returns the documented defaults (disabled).
+func DefaultRoomAuthConfig() RoomAuthConfig {
+	return RoomAuthConfig{Timeout: 2 * time.Second, CacheTTL: 5 * time.Second, CacheSize: 10000}
+}
+
+func (c RoomAuthConfig) validate() error {
+	if c.URL == "" {
+		return nil
+	}
+	u, err := url.Parse(c.URL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("JOBLIB_ROOM_AUTH_URL must be an http(s) URL, got %q", c.URL)
+	}
+	if c.Timeout <= 0 {
+		return fmt.Errorf("JOBLIB_ROOM_AUTH_TIMEOUT must be positive, got %s", c.Timeout)
+	}
+	if c.CacheTTL < 0 || c.CacheSize < 1 {
+		return fmt.Errorf("JOBLIB_ROOM_AUTH_CACHE_TTL must not be negative and JOBLIB_ROOM_AUTH_CACHE_SIZE must be positive")
+	}
+	return nil
+}
+
+// Room access kinds asked of the host.
+const (
+	accessRead  = "read"
+	accessWrite = "write"
+)
+
+// errRoomAuthUnavailable means the host could not answer.
+var errRoomAuthUnavailable = errors.New("room authorization service unavailable")
+
+// roomAuth asks the host and caches its answers.
+type roomAuth struct {
+	cfg    RoomAuthConfig
+	client *http.Client
+	now    func() time.Time
+
+	mu    sync.Mutex
+	cache map[roomAuthKey]roomAuthEntry
+}
+
+type roomAuthKey struct {
+	user   uuid.UUID
+	token  string // hash: a different credential of the same user may be judged differently
+	room   string
+	access string
+}
+
+type roomAuthEntry struct {
+	allowed bool
+	exp     time.Time
+}
+
+func newRoomAuth(cfg RoomAuthConfig) *roomAuth {
+	if cfg.URL == "" {
+		return nil
+	}
+	def := DefaultRoomAuthConfig()
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = def.Timeout
+	}
+	if cfg.CacheSize <= 0 {
+		cfg.CacheSize = def.CacheSize
+	}
+	return &roomAuth{cfg: cfg, client: &http.Client{Timeout: cfg.Timeout}, now: time.Now, cache: map[roomAuthKey]roomAuthEntry{}}
+}
+
+// special rooms are joblib's own; the host does not know them.
+func specialRoom(room string) bool { return room == joblib.RoomGlobal || room == joblib.RoomInternal }
+
+// check returns nil when p may access room, a *joblib.Error (403) when the
+// host refuses, and errRoomAuthUnavailable when it cannot say (unless the
+// configuration fails open). token is the caller's raw credential, forwarded
+// as a bearer token.
+func (ra *roomAuth) check(ctx context.Context, p joblib.Principal, token, room, access string) error {
+	if ra == nil || specialRoom(room) {
+		return nil
+	}
+	key := roomAuthKey{user: p.ID, token: joblib.HashToken(token), room: room, access: access}
+	now := ra.now()
+	ra.mu.Lock()
+	e, ok := ra.cache[key]
+	ra.mu.Unlock()
+	if !ok || !now.Before(e.exp) {
+		allowed, err := ra.ask(ctx, p, token, room, access)
+		if err != nil {
+			if ra.cfg.FailOpen {
+				return nil
+			}
+			return err
+		}
+		e = roomAuthEntry{allowed: allowed, exp: now.Add(ra.cfg.CacheTTL)}
+		if ra.cfg.CacheTTL > 0 {
+			ra.mu.Lock()
+			if len(ra.cache) >= ra.cfg.CacheSize {
+				// Emptying is a correct eviction for answers this short-lived.
+				clear(ra.cache)
+			}
+			ra.cache[key] = e
+			ra.mu.Unlock()
+		}
+	}
+	if !e.allowed {
+		return &joblib.Error{Code: joblib.CodeForbidden, Detail: fmt.Sprintf("No %s access to room '%s'", access, room)}
+	}
+	return nil
+}
+
+func (ra *roomAuth) ask(ctx context.Context, p joblib.Principal, token, room, access string) (bool, error) {
+	var uid *string
+	if p.ID != uuid.Nil {
+		s := p.ID.String()
+		uid = &s
+	}
+	body, err := json.Marshal(map[string]any{"user_id": uid, "room_id": room, "access": access})
+	if err != nil {
+		return false, fmt.Errorf("encode room auth request: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, ra.cfg.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, ra.cfg.URL, bytes.NewReader(body))
+	if err != nil {
+		return false, fmt.Errorf("%w: %w", errRoomAuthUnavailable, err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	res, err := ra.client.Do(req)
+	if err != nil {
+		return false, fmt.Errorf("%w: %w", errRoomAuthUnavailable, err)
+	}
+	defer res.Body.Close()
+	_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 64<<10))
+	switch {
+	case res.StatusCode >= 200 && res.StatusCode < 300:
+		return true, nil
+	case res.StatusCode == http.StatusUnauthorized, res.StatusCode == http.StatusForbidden, res.StatusCode == http.StatusNotFound:
+		return false, nil
+	}
+	return false, fmt.Errorf("%w: host answered %d", errRoomAuthUnavailable, res.StatusCode)
+}

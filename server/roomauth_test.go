@@ -1,0 +1,236 @@
+package server_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/zndraw/joblib/internal/dbtest"
+	"github.com/zndraw/joblib/models"
+	"github.com/zndraw/joblib/server"
+)
+
+// roomHost is a small host application answering joblib's room questions:
+// "open" allows everything, "ro" allows reads only, "slow" never answers in
+// time, anything else is refused. It records every question.
+type roomHost struct {
+	srv   *httptest.Server
+	mu    sync.Mutex
+	got   []roomQuestion
+	admin string // this bearer token may use every room but "slow"
+}
+
+type roomQuestion struct {
+	UserID *string `json:"user_id"`
+	RoomID string  `json:"room_id"`
+	Access string  `json:"access"`
+	Auth   string  `json:"-"`
+}
+
+func newRoomHost(t *testing.T) *roomHost {
+	h := &roomHost{}
+	h.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var q roomQuestion
+		if r.Method != "POST" || r.Header.Get("Content-Type") != "application/json" || json.NewDecoder(r.Body).Decode(&q) != nil {
+			http.Error(w, "bad question", 400)
+			return
+		}
+		q.Auth = r.Header.Get("Authorization")
+		h.mu.Lock()
+		h.got = append(h.got, q)
+		admin := h.admin != "" && q.Auth == "Bearer "+h.admin
+		h.mu.Unlock()
+		switch {
+		case q.RoomID == "slow":
+			select {
+			case <-r.Context().Done():
+			case <-time.After(5 * time.Second):
+			}
+		case q.RoomID == "open", q.RoomID == "ro" && q.Access == "read", admin:
+			w.WriteHeader(http.StatusNoContent)
+		default:
+			http.Error(w, "no", http.StatusForbidden)
+		}
+	}))
+	t.Cleanup(h.srv.Close)
+	return h
+}
+
+func (h *roomHost) questions() []roomQuestion {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]roomQuestion(nil), h.got...)
+}
+
+// countBy counts the questions about room asked with token.
+func (h *roomHost) countBy(token, room, access string) int {
+	n := 0
+	for _, q := range h.questions() {
+		if q.RoomID == room && q.Access == access && q.Auth == "Bearer "+token {
+			n++
+		}
+	}
+	return n
+}
+
+func (h *roomHost) count(room, access string) int {
+	n := 0
+	for _, q := range h.questions() {
+		if q.RoomID == room && q.Access == access {
+			n++
+		}
+	}
+	return n
+}
+
+func roomAuthEnv(t *testing.T, db *models.DB, ra server.RoomAuthConfig) *env {
+	cfg := server.DefaultConfig()
+	cfg.RoomAuth = ra
+	return setup(t, db, withServer(cfg), withRealtime(realtimeCfg()))
+}
+
+// With JOBLIB_ROOM_AUTH_URL set, REST calls on a room and socket joins ask
+// the host (the caller's token forwarded), answer 403 when it refuses and
+// 503 when it does not answer in time; answers are cached briefly.
+func TestRoomAuthDelegatedToHost(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		host := newRoomHost(t)
+		ra := server.DefaultRoomAuthConfig()
+		ra.URL = host.srv.URL + "/joblib/room-access"
+		ra.Timeout = 300 * time.Millisecond
+		ra.CacheTTL = time.Minute
+		e := roomAuthEnv(t, db, ra)
+		host.mu.Lock()
+		host.admin = e.admin
+		host.mu.Unlock()
+		alice, err := e.svc.AuthenticateToken(context.Background(), e.alice)
+		if err != nil {
+			t.Fatal(err)
+		}
+
+		e.registerJob(e.alice, "open", "modifiers", "J")
+		e.submit(e.alice, "open", "open:modifiers:J", nil)
+		e.do(e.alice, "GET", api+"/rooms/open/jobs", nil).want(200)
+		e.do(e.alice, "GET", api+"/rooms/open/tasks", nil).want(200)
+		qs := host.questions()
+		if len(qs) != 2 || qs[0].Access != "write" || qs[1].Access != "read" || qs[0].UserID == nil || *qs[0].UserID != alice.ID.String() ||
+			qs[0].Auth != "Bearer "+e.alice {
+			t.Fatalf("questions %+v", qs) // one write and one read question, the rest cached
+		}
+
+		p := e.do(e.alice, "PUT", api+"/rooms/locked/jobs", map[string]any{"category": "modifiers", "name": "J"}).problem(403, "forbidden")
+		if p["detail"] != "No write access to room 'locked'" {
+			t.Fatalf("detail %v", p["detail"])
+		}
+		for _, path := range []string{"/rooms/locked/jobs", "/rooms/locked/tasks", "/rooms/locked/workers", "/rooms/locked/providers",
+			"/rooms/locked/jobs/open:modifiers:J", "/rooms/locked/jobs/open:modifiers:J/tasks", "/rooms/locked/providers/open:data:x/info"} {
+			e.do(e.alice, "GET", api+path, nil).problem(403, "forbidden")
+		}
+		e.do(e.alice, "POST", api+"/rooms/locked/tasks/open:modifiers:J", map[string]any{"payload": map[string]any{}}).problem(403, "forbidden")
+		e.registerProvider(e.alice, "locked", "data", "x").problem(403, "forbidden")
+		e.do(e.alice, "GET", api+"/rooms/locked/providers/open:data:x", nil).problem(403, "forbidden")
+
+		e.do(e.alice, "GET", api+"/rooms/ro/jobs", nil).want(200)
+		e.do(e.alice, "POST", api+"/rooms/ro/tasks/open:modifiers:J", map[string]any{"payload": map[string]any{}}).problem(403, "forbidden")
+
+		// The host being slow is an outage: 503, fail closed.
+		start := time.Now()
+		p = e.do(e.alice, "GET", api+"/rooms/slow/jobs", nil).problem(503, "room-auth-unavailable")
+		if time.Since(start) > 4*time.Second {
+			t.Fatalf("the slow host held the request %s", time.Since(start))
+		}
+		e.do(e.alice, "PUT", api+"/rooms/slow/jobs", map[string]any{"category": "modifiers", "name": "S"}).problem(503, "room-auth-unavailable")
+
+		// joblib's own rooms are not the host's.
+		e.registerJob(e.admin, "@global", "modifiers", "G")
+		e.do(e.alice, "GET", api+"/rooms/@global/jobs", nil).want(200)
+		for _, q := range host.questions() {
+			if strings.HasPrefix(q.RoomID, "@") {
+				t.Fatalf("asked about %s", q.RoomID)
+			}
+		}
+		// A task is read with read access to its room.
+		lockedTask := e.submit(e.admin, "@global", "open:modifiers:J", nil)
+		e.do(e.alice, "GET", api+"/tasks/"+lockedTask, nil).want(200)
+		hidden := e.do(e.admin, "POST", api+"/rooms/locked/tasks/open:modifiers:J", map[string]any{"payload": map[string]any{}}).want(202).M()["id"].(string)
+		e.do(e.alice, "GET", api+"/tasks/"+hidden, nil).problem(403, "forbidden")
+		e.do(e.alice, "GET", api+"/tasks/"+hidden, nil, "Prefer: wait=1").problem(403, "forbidden")
+		if n := e.total(api + "/rooms/open/tasks"); n != 1 {
+			t.Fatalf("%d tasks", n)
+		}
+		if host.countBy(e.alice, "open", "read") != 1 || host.countBy(e.alice, "locked", "write") != 1 || host.countBy(e.alice, "locked", "read") != 1 {
+			t.Fatalf("answers not cached: %+v", host.questions())
+		}
+
+		// Sockets: join_room asks for read access with the socket's token.
+		c := mustDialSIO(t, e.url, e.bob)
+		c.mustCall("join_room", map[string]any{"room_id": "open"})
+		c.mustCall("join_room", map[string]any{"room_id": "ro"})
+		if a := c.call("join_room", map[string]any{"room_id": "locked"}); a["ok"] != false || a["status"] != float64(403) {
+			t.Fatalf("locked join %v", a)
+		}
+		if a := c.call("join_room", map[string]any{"room_id": "slow"}); a["ok"] != false || a["status"] != float64(503) {
+			t.Fatalf("slow join %v", a)
+		}
+		w := e.do(e.bob, "POST", api+"/workers", nil).want(201).M()["id"].(string)
+		e.registerJob(e.bob, "open", "modifiers", "J", map[string]any{"worker_id": w})
+		if a := c.call("join_job_room", map[string]any{"job_name": "locked:modifiers:J", "worker_id": w}); a["ok"] != false || a["status"] != float64(403) {
+			t.Fatalf("job room join in a locked room %v", a)
+		}
+		c.mustCall("join_job_room", map[string]any{"job_name": "open:modifiers:J", "worker_id": w})
+		var bobAsked bool
+		for _, q := range host.questions() {
+			if q.RoomID == "locked" && q.Auth == "Bearer "+e.bob && q.Access == "read" {
+				bobAsked = true
+			}
+		}
+		if !bobAsked {
+			t.Fatalf("socket join did not forward the token: %+v", host.questions())
+		}
+		// Only the allowed room's events reach the socket.
+		e.submit(e.alice, "open", "open:modifiers:J", nil)
+		c.waitEvent("task_status_event", 5*time.Second, nil)
+	})
+}
+
+// A host that cannot be reached fails closed (503) unless configured to fail
+// open; with a zero cache TTL every call asks again.
+func TestRoomAuthHostDown(t *testing.T) {
+	t.Parallel()
+	down := httptest.NewServer(http.NotFoundHandler())
+	downURL := down.URL
+	down.Close()
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		ra := server.DefaultRoomAuthConfig()
+		ra.URL = downURL
+		e := roomAuthEnv(t, db, ra)
+		e.do(e.alice, "GET", api+"/rooms/r/jobs", nil).problem(503, "room-auth-unavailable")
+		e.do(e.alice, "POST", api+"/rooms/r/tasks/"+rotate, map[string]any{"payload": map[string]any{}}).problem(503, "room-auth-unavailable")
+		c := mustDialSIO(t, e.url, e.alice)
+		if a := c.call("join_room", map[string]any{"room_id": "r"}); a["ok"] != false || a["status"] != float64(503) {
+			t.Fatalf("join %v", a)
+		}
+
+		ra.FailOpen = true
+		open := roomAuthEnv(t, db, ra)
+		open.do(open.alice, "GET", api+"/rooms/r/jobs", nil).want(200)
+
+		host := newRoomHost(t)
+		ra = server.DefaultRoomAuthConfig()
+		ra.URL = host.srv.URL
+		ra.CacheTTL = 0
+		nocache := roomAuthEnv(t, db, ra)
+		for range 3 {
+			nocache.do(nocache.alice, "GET", api+"/rooms/open/jobs", nil).want(200)
+		}
+		if n := host.count("open", "read"); n != 3 {
+			t.Fatalf("%d questions without a cache", n)
+		}
+	})
+}
