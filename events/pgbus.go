@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -37,9 +38,15 @@ type PGBus struct {
 	done    chan struct{}
 	cleaned chan struct{}
 	ready   chan struct{}
+	// channel is Channel, qualified by the schema (set by Start).
+	channel string
 }
 
-// Channel is the NOTIFY channel joblib nodes share.
+// Channel is the NOTIFY channel joblib nodes share when their tables are in
+// the public schema. NOTIFY channels belong to the whole database, so nodes
+// whose tables live in another schema (a deployment per schema, or tests)
+// use Channel + "_" + schema: deployments sharing a database never hear each
+// other's events.
 const Channel = "joblib_events"
 
 // maxNotify is the largest NOTIFY payload sent inline; PostgreSQL refuses
@@ -58,7 +65,7 @@ func NewPGBus(pool *pgxpool.Pool, node string, log *slog.Logger) *PGBus {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &PGBus{LocalBus: NewLocalBus(), pool: pool, node: node, log: log, ready: make(chan struct{})}
+	return &PGBus{LocalBus: NewLocalBus(), pool: pool, node: node, log: log, ready: make(chan struct{}), channel: Channel}
 }
 
 type wireBatch struct {
@@ -83,6 +90,16 @@ func (b *PGBus) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("create event spill table: %w", err)
 	}
+	var schema string
+	if err := b.pool.QueryRow(ctx, "SELECT current_schema()").Scan(&schema); err != nil {
+		return fmt.Errorf("read schema: %w", err)
+	}
+	b.mu.Lock()
+	b.channel = Channel
+	if schema != "public" {
+		b.channel = Channel + "_" + schema
+	}
+	b.mu.Unlock()
 	lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	b.mu.Lock()
 	b.cancel = cancel
@@ -112,34 +129,77 @@ func (b *PGBus) Stop() {
 	<-cleaned
 }
 
-// Publish implements Bus: local subscribers first, then the other nodes.
+// Publish implements Bus for emissions that no transaction produced: local
+// subscribers first, then the other nodes with a NOTIFY of its own.
+// Mutations use Notification inside their transaction instead.
 func (b *PGBus) Publish(ctx context.Context, ems []Emission) error {
 	if len(ems) == 0 {
 		return nil
 	}
 	b.Deliver(ems)
+	msg, err := b.Notification(ctx, ems)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := b.pool.Exec(ctx, "SELECT pg_notify($1, $2)", b.Channel(), msg); err != nil {
+		return fmt.Errorf("notify event batch: %w", err)
+	}
+	return nil
+}
+
+// Channel implements TxBus: the NOTIFY channel of this bus's nodes.
+func (b *PGBus) Channel() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.channel
+}
+
+// Notification implements TxBus: the NOTIFY payload on Channel() that carries
+// ems to the other nodes. A batch too large for NOTIFY is stored in the spill
+// table first (in its own short transaction: a spilled batch whose NOTIFY
+// never commits is only garbage, deleted by the spill cleaner) and referenced
+// by id.
+func (b *PGBus) Notification(ctx context.Context, ems []Emission) (string, error) {
 	batch := wireBatch{Node: b.node, Items: make([]wireItem, len(ems))}
 	for i, e := range ems {
 		batch.Items[i] = wireItem{Room: e.Room, Name: e.Event.EventName(), Payload: e.Payload()}
 	}
 	msg, err := json.Marshal(batch)
 	if err != nil {
-		return fmt.Errorf("encode event batch: %w", err)
+		return "", fmt.Errorf("encode event batch: %w", err)
+	}
+	if len(msg) < maxNotify {
+		return string(msg), nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if len(msg) >= maxNotify {
-		var id int64
-		if err := b.pool.QueryRow(ctx, "INSERT INTO joblib_event_spill (payload) VALUES ($1) RETURNING id", string(msg)).Scan(&id); err != nil {
-			return fmt.Errorf("spill event batch: %w", err)
-		}
-		msg, _ = json.Marshal(wireBatch{Node: b.node, Ref: id})
+	var id int64
+	if err := b.pool.QueryRow(ctx, "INSERT INTO joblib_event_spill (payload) VALUES ($1) RETURNING id", string(msg)).Scan(&id); err != nil {
+		return "", fmt.Errorf("spill event batch: %w", err)
 	}
-	if _, err := b.pool.Exec(ctx, "SELECT pg_notify($1, $2)", Channel, string(msg)); err != nil {
-		return fmt.Errorf("notify event batch: %w", err)
-	}
-	return nil
+	msg, _ = json.Marshal(wireBatch{Node: b.node, Ref: id})
+	return string(msg), nil
 }
+
+// Frame implements TxBus: a one-event batch is exactly
+// prefix + JSON(room) + middle + payload + suffix, so a statement can build
+// the NOTIFY payload from the row it changes. Statements whose payload may
+// reach maxNotify must use Notification instead.
+func (b *PGBus) Frame(eventName string) NotifyFrame {
+	node, _ := json.Marshal(b.node)
+	name, _ := json.Marshal(eventName)
+	return NotifyFrame{
+		Channel: b.Channel(),
+		Prefix:  `{"n":` + string(node) + `,"e":[{"r":`,
+		Middle:  `,"t":` + string(name) + `,"p":`,
+		Suffix:  `}]}`,
+	}
+}
+
+// MaxNotifyBytes is the largest NOTIFY payload a statement may send inline.
+const MaxNotifyBytes = maxNotify
 
 // cleanSpill deletes spilled batches older than SpillRetention (by the
 // database's clock) every SpillCleanInterval, whether or not anything is
@@ -195,7 +255,7 @@ func (b *PGBus) listenOnce(ctx context.Context, subscribed func()) error {
 	// it is never handed to another user, and close it when done.
 	conn := pooled.Hijack()
 	defer conn.Close(context.WithoutCancel(ctx))
-	if _, err := conn.Exec(ctx, "LISTEN "+Channel); err != nil {
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{b.Channel()}.Sanitize()); err != nil {
 		return err
 	}
 	subscribed()
@@ -242,4 +302,4 @@ func (b *PGBus) receive(ctx context.Context, payload string) {
 	b.Deliver(ems)
 }
 
-var _ Bus = (*PGBus)(nil)
+var _ TxBus = (*PGBus)(nil)

@@ -111,6 +111,14 @@ type Settings struct {
 	UserMaxWorkers      int `env:"USER_MAX_WORKERS" envDefault:"1000"`
 	UserMaxProviders    int `env:"USER_MAX_PROVIDERS" envDefault:"1000"`
 	UserMaxPendingTasks int `env:"USER_MAX_PENDING_TASKS" envDefault:"10000"`
+	// NotifyAfterCommit (PostgreSQL) sends events to other nodes with a
+	// NOTIFY of their own after the change commits, as joblib used to:
+	// at-most-once across a crash between the two. By default the NOTIFY is
+	// part of the change's own transaction (delivered exactly when it
+	// commits, never without it); PostgreSQL serialises the commits of
+	// transactions that NOTIFY, WAL flush included, which caps write
+	// throughput at about one commit per flush (see BENCHMARKS.md).
+	NotifyAfterCommit bool `env:"NOTIFY_AFTER_COMMIT" envDefault:"false"`
 }
 
 // DefaultSettings returns the documented defaults.

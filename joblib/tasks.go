@@ -61,6 +61,9 @@ func (s *Service) SubmitTask(ctx context.Context, p Principal, room, fullName st
 			return Task{}, err
 		}
 	}
+	if t, ok, err := s.submitHot(ctx, p, room, fullName, body); err != nil || ok {
+		return t, err
+	}
 	perUser := s.Settings().InternalQueuePerUser
 	var (
 		task     Task
@@ -135,11 +138,79 @@ func (s *Service) SubmitTask(ctx context.Context, p Principal, room, fullName st
 	return task, nil
 }
 
+// submitHot is SubmitTask's one-statement path on PostgreSQL for a live job
+// that is not @internal; ok is false when it does not apply (the general
+// path then answers: not found, internal jobs).
+func (s *Service) submitHot(ctx context.Context, p Principal, room, fullName, body string) (Task, bool, error) {
+	if s.db.Dialect() != models.Postgres {
+		return Task{}, false, nil
+	}
+	if !p.Superuser && s.Settings().quotaFor(models.UsagePendingTasks) > 0 {
+		return Task{}, false, nil // the general path counts the user's pending tasks
+	}
+	jroom, cat, name, ok := SplitFullName(fullName)
+	if !ok || !addressable(jroom, cat, name) || jroom == RoomInternal {
+		return Task{}, false, nil
+	}
+	n := s.hotNotify()
+	var a models.AvailableFrame
+	if tb := s.txBus(); tb != nil {
+		f := tb.Frame(events.TaskAvailable{}.EventName())
+		a = models.AvailableFrame{Prefix: f.Prefix, Middle: f.Middle, Suffix: f.Suffix, JobRoomPrefix: events.JobRoom("")}
+	}
+	ht, ok, err := s.db.SubmitTaskHot(ctx, uuid.New(), jroom, cat, name, room, p.ID, body, n, a)
+	if err != nil || !ok {
+		return Task{}, false, err
+	}
+	task := taskView(ht.Task)
+	ems := []events.Emission{
+		{Room: events.Room(room), Event: statusEvent(task)},
+		{Room: events.JobRoom(task.JobName), Event: events.TaskAvailable{JobName: task.JobName, RoomID: room, TaskID: task.ID.String()}},
+	}
+	if tb := s.txBus(); tb != nil {
+		tb.Deliver(ems)
+		if !ht.Notified {
+			s.notifyLate(ctx, tb, ems)
+		}
+	} else {
+		s.publish(ctx, ems)
+	}
+	return task, true, nil
+}
+
 // ClaimTask claims the oldest pending task of the worker's jobs. It returns
 // nil when nothing is claimable.
 func (s *Service) ClaimTask(ctx context.Context, p Principal, workerID uuid.UUID) (*Task, error) {
-	var out *Task
+	ts, err := s.ClaimTasks(ctx, p, workerID, 1)
+	if err != nil || len(ts) == 0 {
+		return nil, err
+	}
+	return &ts[0], nil
+}
+
+// MaxClaimBatch is the most tasks one batch claim may take.
+const MaxClaimBatch = 100
+
+// ClaimTasks claims up to limit (1..MaxClaimBatch) of the oldest pending
+// tasks of the worker's jobs, oldest first; none when nothing is claimable.
+// Every task goes to exactly one claimer, however many claim at once.
+func (s *Service) ClaimTasks(ctx context.Context, p Principal, workerID uuid.UUID, limit int) ([]Task, error) {
+	if limit < 1 || limit > MaxClaimBatch {
+		return nil, errf(CodeValidation, "limit must be between 1 and %d", MaxClaimBatch)
+	}
+	if s.db.Dialect() == models.Postgres {
+		owned, hts, err := s.db.ClaimTasksHot(ctx, workerID, p.ID, limit, s.hotNotify())
+		if err != nil {
+			return nil, err
+		}
+		if owned {
+			return s.publishHot(ctx, hts), nil
+		}
+		// Not the caller's worker, or none: the general path says which.
+	}
+	var out []Task
 	err := s.mutate(ctx, func(q *models.Q, em *events.Set) error {
+		out = nil
 		// Locked so that a concurrent cleanup of the worker cannot miss the
 		// task claimed here and leave it claimed by a deleted worker.
 		w, err := q.LockWorker(workerID)
@@ -149,13 +220,15 @@ func (s *Service) ClaimTask(ctx context.Context, p Principal, workerID uuid.UUID
 		if w.UserID != p.ID {
 			return errf(CodeForbidden, "Worker belongs to a different user")
 		}
-		t, ok, err := q.ClaimTask(workerID)
-		if err != nil || !ok {
+		ts, err := q.ClaimTasks(workerID, limit)
+		if err != nil {
 			return err
 		}
-		v := taskView(t)
-		out = &v
-		em.Add(events.Room(v.RoomID), statusEvent(v))
+		for _, t := range ts {
+			v := taskView(t)
+			out = append(out, v)
+			em.Add(events.Room(v.RoomID), statusEvent(v))
+		}
 		return nil
 	})
 	return out, err
@@ -205,6 +278,10 @@ func (s *Service) WaitTask(ctx context.Context, id uuid.UUID, wait time.Duration
 	}
 }
 
+// hotErrorMax bounds the error text the one-statement update carries (its
+// event must fit a NOTIFY); longer ones take the general path.
+const hotErrorMax = 2000
+
 // UpdateTask applies a status transition (PATCH /tasks/{id}).
 func (s *Service) UpdateTask(ctx context.Context, p Principal, id uuid.UUID, status string, errMsg *string) (Task, error) {
 	return s.UpdateTaskResult(ctx, p, id, status, errMsg, nil)
@@ -236,6 +313,22 @@ func (s *Service) UpdateTaskResult(ctx context.Context, p Principal, id uuid.UUI
 		if err := validateText("error", *errMsg, 0); err != nil {
 			return Task{}, err
 		}
+	}
+	if s.db.Dialect() == models.Postgres && stored == nil && status != models.StatusClaimed && status != models.StatusPending &&
+		(errMsg == nil || len(*errMsg) < hotErrorMax) {
+		msg := ""
+		if errMsg != nil && events.Terminal(status) {
+			msg = *errMsg
+		}
+		ht, ok, err := s.db.UpdateTaskStatusHot(ctx, id, status, fromStates(status), msg, p.Superuser, p.ID, s.hotNotify())
+		if err != nil {
+			return Task{}, err
+		}
+		if ok {
+			return s.publishHot(ctx, []models.HotTask{ht})[0], nil
+		}
+		// Missing, not the caller's, lost or in another state: the general
+		// path gives the precise answer (or applies a change that raced in).
 	}
 	var out Task
 	var lost *uuid.UUID
@@ -284,7 +377,11 @@ func (s *Service) UpdateTaskResult(ctx context.Context, p Principal, id uuid.UUI
 				return err
 			}
 		}
-		if events.Terminal(status) {
+		// Only a task no worker holds (a pending one being cancelled) can
+		// take a job's last reason to live: a held task's worker still links
+		// the job, and a cleanup of that worker decides about the job. So
+		// completions never lock the job row that all its tasks share.
+		if events.Terminal(status) && t.WorkerID == nil {
 			orphans, err := q.SoftDeleteOrphanJobs([]uuid.UUID{t.JobID})
 			if err != nil {
 				return err

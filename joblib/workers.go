@@ -29,6 +29,15 @@ func (s *Service) CreateWorker(ctx context.Context, p Principal) (Worker, error)
 // Heartbeat proves a worker alive: its last heartbeat becomes the database's
 // now. Only the owner may heartbeat (superusers included).
 func (s *Service) Heartbeat(ctx context.Context, p Principal, id uuid.UUID) (Worker, error) {
+	if s.db.Dialect() == models.Postgres {
+		w, ok, err := s.db.HeartbeatHot(ctx, id, p.ID)
+		if err != nil {
+			return Worker{}, err
+		}
+		if ok {
+			return workerView(w), nil
+		}
+	}
 	var out models.Worker
 	err := s.db.Tx(ctx, func(q *models.Q) error {
 		w, err := q.GetWorker(id)

@@ -6,3 +6,13 @@ package models
 func (db *DB) ExecRaw(sql string, args ...any) error {
 	return db.gorm.Exec(sql, args...).Error
 }
+
+// Statements exposed to the external tests that read their plans.
+var (
+	ClaimSQL       = claimSQL
+	TaskSelectSQL  = taskSelect
+	TasksSelectSQL = tasksSelect
+)
+
+// Args is the parameter list a HotNotify adds to a hot statement.
+func (h HotNotify) Args() []any { return h.args() }

@@ -7,11 +7,31 @@ import (
 	"github.com/google/uuid"
 )
 
-const taskSelect = `SELECT t.id, t.seq, t.job_id, t.worker_id, t.lost_worker_id, t.room_id, t.created_by_id, t.payload, t.status, t.attempt,
+// taskCols are a task's columns and what the API shows of its job.
+const taskCols = `t.id, t.seq, t.job_id, t.worker_id, t.lost_worker_id, t.room_id, t.created_by_id, t.payload, t.status, t.attempt,
  t.created_at, t.claimed_at, t.started_at, t.completed_at, t.error, t.result,
- j.room_id AS job_room, j.category AS job_category, j.name AS job_name, j.on_worker_loss, j.max_attempts,
+ j.room_id AS job_room, j.category AS job_category, j.name AS job_name, j.on_worker_loss, j.max_attempts`
+
+// taskSelect reads single tasks: a pending task's queue position is a count
+// over the (job_id, status, seq) index up to it, linear in the position.
+const taskSelect = `SELECT ` + taskCols + `,
  CASE WHEN t.status = 'pending' THEN (SELECT count(*) FROM tasks p WHERE p.job_id = t.job_id AND p.status = 'pending' AND p.seq <= t.seq) END AS queue_position
  FROM tasks t LEFT JOIN jobs j ON j.id = t.job_id `
+
+// tasksSelect reads many tasks (cond over t and j; tail orders and pages
+// them) and ranks, in one pass, the pending tasks of the jobs involved up to
+// the newest pending one read: the queue positions of a page cost one scan of
+// those pending tasks, never a count per row. The caller appends the final
+// ORDER BY over the columns of page.
+func tasksSelect(cond, tail string) string {
+	return `WITH page AS MATERIALIZED (SELECT ` + taskCols + ` FROM tasks t LEFT JOIN jobs j ON j.id = t.job_id ` + cond + ` ` + tail + `),
+ ranks AS MATERIALIZED (SELECT r.id, r.queue_position FROM (
+  SELECT p.id, row_number() OVER (PARTITION BY p.job_id ORDER BY p.seq) AS queue_position FROM tasks p
+  WHERE p.status = 'pending' AND p.job_id IN (SELECT job_id FROM page WHERE status = 'pending')
+  AND p.seq <= (SELECT max(seq) FROM page WHERE status = 'pending')) r
+  WHERE r.id IN (SELECT id FROM page WHERE status = 'pending'))
+ SELECT page.*, ranks.queue_position FROM page LEFT JOIN ranks ON ranks.id = page.id `
+}
 
 // InsertTask creates a task with the given status and returns it as the API shows it.
 func (q *Q) InsertTask(id, jobID uuid.UUID, roomID string, createdBy *uuid.UUID, payload, status string) (Task, error) {
@@ -45,7 +65,7 @@ func (q *Q) GetTasks(ids []uuid.UUID) ([]Task, error) {
 	var ts []Task
 	for start := 0; start < len(ids); start += chunk {
 		var part []Task
-		if err := q.g.Raw(taskSelect+"WHERE t.id IN ? ORDER BY t.seq", ids[start:min(start+chunk, len(ids))]).Scan(&part).Error; err != nil {
+		if err := q.g.Raw(tasksSelect("WHERE t.id IN ?", "")+"ORDER BY page.seq", ids[start:min(start+chunk, len(ids))]).Scan(&part).Error; err != nil {
 			return nil, fmt.Errorf("read tasks: %w", mapErr(err))
 		}
 		ts = append(ts, part...)
@@ -83,7 +103,8 @@ func (q *Q) ListTasks(f TaskFilter, p Page) ([]Task, int64, error) {
 	}
 	ts := []Task{}
 	if p.Limit > 0 {
-		err := q.g.Raw(taskSelect+cond+" ORDER BY t.created_at DESC, t.seq DESC LIMIT ? OFFSET ?", append(args, p.Limit, p.Offset)...).Scan(&ts).Error
+		err := q.g.Raw(tasksSelect(cond, "ORDER BY t.created_at DESC, t.seq DESC LIMIT ? OFFSET ?")+"ORDER BY page.created_at DESC, page.seq DESC",
+			append(args, p.Limit, p.Offset)...).Scan(&ts).Error
 		if err != nil {
 			return nil, 0, fmt.Errorf("list tasks: %w", mapErr(err))
 		}
@@ -91,30 +112,35 @@ func (q *Q) ListTasks(f TaskFilter, p Page) ([]Task, int64, error) {
 	return ts, total, nil
 }
 
-// ClaimTask atomically moves the oldest pending task of the worker's linked
-// (non-internal) jobs to claimed for that worker. ok is false when nothing is
-// claimable. On PostgreSQL concurrent claimers skip each other's locked rows,
-// so every task goes to exactly one claimer and no claimer comes back empty
-// while an unclaimed eligible task exists; on SQLite the single connection
-// serialises claimers.
+// ClaimTask is ClaimTasks for one task; ok is false when nothing is claimable.
 func (q *Q) ClaimTask(workerID uuid.UUID) (Task, bool, error) {
+	ts, err := q.ClaimTasks(workerID, 1)
+	if err != nil || len(ts) == 0 {
+		return Task{}, false, err
+	}
+	return ts[0], true, nil
+}
+
+// ClaimTasks atomically moves up to limit of the oldest pending tasks of the
+// worker's linked (non-internal) jobs to claimed for that worker, and returns
+// them in seq order (none when nothing is claimable). On PostgreSQL
+// concurrent claimers skip each other's locked rows, so every task goes to
+// exactly one claimer; on SQLite the single connection serialises claimers.
+// (The PostgreSQL request path uses DB.ClaimTasksHot.)
+func (q *Q) ClaimTasks(workerID uuid.UUID, limit int) ([]Task, error) {
 	lock := ""
 	if q.d == Postgres {
 		lock = " FOR UPDATE SKIP LOCKED"
 	}
 	var ids []uuid.UUID
 	err := q.g.Raw("UPDATE tasks SET status = 'claimed', worker_id = ?, attempt = attempt + 1, claimed_at = "+q.now()+", updated_at = "+q.now()+
-		" WHERE id = (SELECT t.id FROM tasks t WHERE t.status = 'pending' AND t.job_id IN"+
+		" WHERE id IN (SELECT t.id FROM tasks t WHERE t.status = 'pending' AND t.job_id IN"+
 		" (SELECT l.job_id FROM worker_job_links l JOIN jobs j ON j.id = l.job_id WHERE l.worker_id = ? AND j.room_id <> '@internal')"+
-		" ORDER BY t.seq LIMIT 1"+lock+") RETURNING id", workerID, workerID).Scan(&ids).Error
+		" ORDER BY t.seq LIMIT ?"+lock+") RETURNING id", workerID, workerID, limit).Scan(&ids).Error
 	if err != nil {
-		return Task{}, false, fmt.Errorf("claim task: %w", mapErr(err))
+		return nil, fmt.Errorf("claim task: %w", mapErr(err))
 	}
-	if len(ids) == 0 {
-		return Task{}, false, nil
-	}
-	t, err := q.GetTask(ids[0])
-	return t, err == nil, err
+	return q.GetTasks(ids)
 }
 
 // TransitionTask moves a task from one status to another if it is still in

@@ -2,17 +2,19 @@ package server_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/zndraw/joblib/events"
 	"github.com/zndraw/joblib/internal/dbtest"
+	"github.com/zndraw/joblib/joblib"
 	"github.com/zndraw/joblib/models"
 )
 
 // twoNodes starts two API nodes on one PostgreSQL schema, each with its own
 // pool and NOTIFY bus, sharing users and tokens.
-func twoNodes(t *testing.T) (a, b *env) {
+func twoNodes(t *testing.T, opts ...func(*setupOpts)) (a, b *env) {
 	t.Helper()
 	url := dbtest.URL(t, models.Postgres)
 	ctx := context.Background()
@@ -34,15 +36,15 @@ func twoNodes(t *testing.T) (a, b *env) {
 	}
 	dbA, busA := node("a")
 	dbB, busB := node("b")
-	a = setup(t, dbA, withBus(busA), withRealtime(realtimeCfg()))
+	a = setup(t, dbA, append([]func(*setupOpts){withBus(busA), withRealtime(realtimeCfg())}, opts...)...)
 	// The second node shares the first node's users: reuse its tokens.
-	return a, setupShared(t, dbB, busB, a)
+	return a, setupShared(t, dbB, busB, a, opts...)
 }
 
 // setupShared is setup for a node whose users already exist.
-func setupShared(t *testing.T, db *models.DB, bus events.Bus, first *env) *env {
+func setupShared(t *testing.T, db *models.DB, bus events.Bus, first *env, opts ...func(*setupOpts)) *env {
 	t.Helper()
-	e := setupNoUsers(t, db, withBus(bus), withRealtime(realtimeCfg()))
+	e := setupNoUsers(t, db, append([]func(*setupOpts){withBus(bus), withRealtime(realtimeCfg())}, opts...)...)
 	e.admin, e.alice, e.bob = first.admin, first.alice, first.bob
 	return e
 }
@@ -78,4 +80,47 @@ func TestTwoNodesShareEvents(t *testing.T) {
 		t.Fatal("node B's long-poll was not woken by node A's completion")
 	}
 	ui.waitEvent("task_status_event", 3*time.Second, func(p map[string]any) bool { return p["id"] == id && p["status"] == "completed" })
+}
+
+// The events the one-statement paths build in SQL for other nodes are the
+// events this node delivers: a UI on node B receives, for a task submitted,
+// claimed, run and failed through node A, exactly the payloads a UI on node A
+// receives, and node B's worker socket gets task_available.
+func TestTwoNodesHotEventsMatch(t *testing.T) {
+	t.Parallel()
+	for _, after := range []bool{false, true} {
+		t.Run(fmt.Sprintf("notify-after-commit=%v", after), func(t *testing.T) {
+			t.Parallel()
+			a, b := twoNodes(t, withSettings(func(s *joblib.Settings) { s.NotifyAfterCommit = after }))
+			testTwoNodesHotEventsMatch(t, a, b)
+		})
+	}
+}
+
+func testTwoNodesHotEventsMatch(t *testing.T, a, b *env) {
+	wid := a.registerJob(a.alice, "hm", "modifiers", "Job")["worker_id"].(string)
+	uiA, uiB := mustDialSIO(t, a.url, a.bob), mustDialSIO(t, b.url, b.bob)
+	uiA.mustCall("join_room", map[string]any{"room_id": "hm"})
+	uiB.mustCall("join_room", map[string]any{"room_id": "hm"})
+	w := mustDialSIO(t, b.url, b.alice)
+	w.mustCall("join_job_room", map[string]any{"job_name": "hm:modifiers:Job", "worker_id": wid})
+
+	a.submit(a.bob, "hm", "hm:modifiers:Job", nil)
+	id := a.submit(a.bob, "hm", "hm:modifiers:Job", nil)
+	av := w.waitEvent("task_available", 3*time.Second, func(p map[string]any) bool { return p["task_id"] == id })
+	if av.Payload["job_name"] != "hm:modifiers:Job" || av.Payload["room_id"] != "hm" {
+		t.Fatalf("task_available on node B: %v", av.Payload)
+	}
+	a.claim(a.alice, wid)
+	a.claim(a.alice, wid)
+	a.patch(a.alice, id, "running").want(200)
+	a.do(a.alice, "PATCH", api+"/tasks/"+id, map[string]any{"status": "failed", "error": "boom \"quoted\" ünïcode"}).want(200)
+	for _, status := range []string{"pending", "claimed", "running", "failed"} {
+		match := func(p map[string]any) bool { return p["id"] == id && p["status"] == status }
+		pa := uiA.waitEvent("task_status_event", 3*time.Second, match).Payload
+		pb := uiB.waitEvent("task_status_event", 3*time.Second, match).Payload
+		if fmt.Sprint(pa) != fmt.Sprint(pb) {
+			t.Fatalf("%s event differs between nodes:\nA %v\nB %v", status, pa, pb)
+		}
+	}
 }

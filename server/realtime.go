@@ -279,10 +279,12 @@ type ack struct {
 	OK     bool   `json:"ok"`
 	Status int    `json:"status,omitempty"`
 	Detail string `json:"detail,omitempty"`
+	// Tasks answers claim_tasks (an empty list when nothing was claimable).
+	Tasks *[]joblib.Task `json:"tasks,omitempty"`
 }
 
 // OnEvent handles the client→server events of contract §5.3 plus the UI's
-// join_room/leave_room.
+// join_room/leave_room and the workers' claim_tasks.
 func (rt *Realtime) OnEvent(ctx context.Context, s *sio.Socket, ev sio.Event, reply sio.AckFunc) {
 	st, _ := s.Data().(*connState)
 	if st == nil {
@@ -306,6 +308,7 @@ func (rt *Realtime) handle(ctx context.Context, s *sio.Socket, st *connState, ev
 		ProviderName *string `json:"provider_name"`
 		WorkerID     *string `json:"worker_id"`
 		RoomID       *string `json:"room_id"`
+		Limit        *int    `json:"limit"`
 	}
 	if len(ev.Args) > 0 {
 		if err := json.Unmarshal(ev.Args[0], &body); err != nil {
@@ -343,6 +346,8 @@ func (rt *Realtime) handle(ctx context.Context, s *sio.Socket, st *connState, ev
 			}
 			return rt.svc.CheckProvider(ctx, st.p, *body.ProviderName)
 		})
+	case "claim_tasks":
+		return rt.claimTasks(ctx, st, body.WorkerID, body.Limit)
 	case "join_room", "leave_room":
 		if body.RoomID == nil {
 			return ack{Status: 422, Detail: "room_id is required"}
@@ -365,6 +370,33 @@ func (rt *Realtime) handle(ctx context.Context, s *sio.Socket, st *connState, ev
 		return ack{OK: true}
 	}
 	return ack{Status: 404, Detail: fmt.Sprintf("unknown event %q", ev.Name)}
+}
+
+// claimTasks is the socket batch claim (beyond the contract): a worker with
+// a socket claims without any HTTP request; the ack carries the tasks.
+func (rt *Realtime) claimTasks(ctx context.Context, st *connState, rawWorker *string, rawLimit *int) ack {
+	if st.anon {
+		return ack{Status: 401, Detail: "Unauthorized"}
+	}
+	if rawWorker == nil {
+		return ack{Status: 422, Detail: "worker_id is required"}
+	}
+	wid, err := uuid.Parse(*rawWorker)
+	if err != nil {
+		return ack{Status: 422, Detail: "worker_id must be a UUID"}
+	}
+	limit := 1
+	if rawLimit != nil {
+		limit = *rawLimit
+	}
+	ts, err := rt.svc.ClaimTasks(ctx, st.p, wid, limit)
+	if err != nil {
+		return errAck(err)
+	}
+	if ts == nil {
+		ts = []joblib.Task{}
+	}
+	return ack{OK: true, Tasks: &ts}
 }
 
 // joinAsWorker authorizes a worker's join (the worker is the caller's, the

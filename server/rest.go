@@ -42,6 +42,7 @@ func (s *Server) routes() {
 	m.HandleFunc("POST "+prefix+"/rooms/{room}/tasks/{name...}", write(s.submitTask))
 
 	m.HandleFunc("POST "+prefix+"/tasks/claim", write(s.claimTask))
+	m.HandleFunc("POST "+prefix+"/tasks/claim-batch", write(s.claimTasks))
 	m.HandleFunc("GET "+prefix+"/tasks/{id}", s.read(s.getTask))
 	m.HandleFunc("PATCH "+prefix+"/tasks/{id}", write(s.updateTask))
 	s.routesProviders(list, write)
@@ -525,6 +526,42 @@ func (s *Server) claimTask(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, struct {
 		Task *joblib.Task `json:"task"`
 	}{task})
+}
+
+// claimTasks is the batch claim (beyond the contract): up to limit of the
+// oldest pending tasks of the worker's jobs in one request, answered as
+// {"tasks": [...]} (empty when nothing is claimable).
+func (s *Server) claimTasks(w http.ResponseWriter, r *http.Request) {
+	p, ok := s.principal(w, r)
+	if !ok {
+		return
+	}
+	var b struct {
+		WorkerID *uuid.UUID `json:"worker_id"`
+		Limit    *int       `json:"limit"`
+	}
+	if !s.decodeBody(w, r, &b) {
+		return
+	}
+	if b.WorkerID == nil {
+		badRequest(w, `field "worker_id" is required`)
+		return
+	}
+	limit := 1
+	if b.Limit != nil {
+		limit = *b.Limit
+	}
+	tasks, err := s.svc.ClaimTasks(r.Context(), p, *b.WorkerID, limit)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if tasks == nil {
+		tasks = []joblib.Task{}
+	}
+	writeJSON(w, http.StatusOK, struct {
+		Tasks []joblib.Task `json:"tasks"`
+	}{tasks})
 }
 
 func (s *Server) getTask(w http.ResponseWriter, r *http.Request) {

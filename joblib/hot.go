@@ -1,0 +1,79 @@
+package joblib
+
+import (
+	"context"
+
+	"github.com/zndraw/joblib/events"
+	"github.com/zndraw/joblib/models"
+)
+
+// hotNotify tells the hot statements how to send task status events to other
+// nodes from inside the statement (zero: this bus has no other nodes).
+func (s *Service) hotNotify() models.HotNotify {
+	tb := s.txBus()
+	if tb == nil {
+		return models.HotNotify{}
+	}
+	f := tb.Frame(events.TaskStatusEvent{}.EventName())
+	return models.HotNotify{
+		Channel: f.Channel, Prefix: f.Prefix, Middle: f.Middle, Suffix: f.Suffix,
+		RoomPrefix: events.Room(""), MaxBytes: events.MaxNotifyBytes,
+	}
+}
+
+// publishHot publishes the status events of tasks a hot statement changed,
+// which has committed: this node's subscribers get them now; other nodes
+// already got them from the statement's own NOTIFY, except events too large
+// for it, which are sent now.
+func (s *Service) publishHot(ctx context.Context, hts []models.HotTask) []Task {
+	out := make([]Task, len(hts))
+	ems := make([]events.Emission, len(hts))
+	var late []events.Emission
+	for i, ht := range hts {
+		out[i] = taskView(ht.Task)
+		ems[i] = events.Emission{Room: events.Room(out[i].RoomID), Event: statusEvent(out[i])}
+		if !ht.Notified {
+			late = append(late, ems[i])
+		}
+	}
+	tb := s.txBus()
+	if tb == nil {
+		s.publish(ctx, ems)
+		return out
+	}
+	tb.Deliver(ems)
+	if len(late) > 0 {
+		s.notifyLate(ctx, tb, late)
+	}
+	return out
+}
+
+// notifyLate sends to other nodes, after the commit, events a hot statement
+// could not send inline (too large for its NOTIFY).
+func (s *Service) notifyLate(ctx context.Context, tb events.TxBus, ems []events.Emission) {
+	ctx = context.WithoutCancel(ctx)
+	msg, err := tb.Notification(ctx, ems)
+	if err == nil {
+		err = s.db.NotifyNow(ctx, tb.Channel(), msg)
+	}
+	if err != nil {
+		s.log.Error("publish events", "count", len(ems), "err", err)
+	}
+}
+
+// fromStates lists the states a task may move to `to` from, pending excluded
+// (a pending task is never held by a worker).
+func fromStates(to string) []string {
+	var out []string
+	for from, tos := range transitions {
+		if from == models.StatusPending {
+			continue
+		}
+		for _, t := range tos {
+			if t == to {
+				out = append(out, from)
+			}
+		}
+	}
+	return out
+}

@@ -1,0 +1,290 @@
+package models
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// The hot statements: what workers do all day (claim, report status,
+// heartbeat, submit), each one PostgreSQL statement sent over pgx (prepared
+// once per connection and cached by pgx), autocommit, with the caller's
+// authorization folded into its WHERE clause and the event's NOTIFY built
+// from the changed row inside the same statement. They cover the common,
+// successful case only: when one changes nothing, the caller falls back to
+// the general transaction, which tells the reasons apart (not found,
+// forbidden, a transition that is not allowed) and produces the answer.
+
+// ErrNoHotPath is returned by the hot statements on SQLite, which has none.
+var ErrNoHotPath = errors.New("no hot path on this database")
+
+// HotNotify tells a hot statement how to NOTIFY other nodes of a task's
+// status event: the payload is Prefix + JSON(RoomPrefix + room) + Middle +
+// the event object + Suffix on Channel. The zero value sends nothing.
+type HotNotify struct {
+	Channel, Prefix, Middle, Suffix string
+	// RoomPrefix turns a task's room id into the event's room name.
+	RoomPrefix string
+	// MaxBytes is the largest payload sent inline; a larger one is not sent
+	// and the row comes back with Notified false (the caller publishes it).
+	MaxBytes int
+}
+
+// hotTaskCols are the columns scanTask reads, from the changed task u and
+// its job j.
+const hotTaskCols = `u.id, u.seq, u.job_id, u.worker_id, u.lost_worker_id, u.room_id, u.created_by_id, u.payload, u.status, u.attempt,
+ u.created_at, u.claimed_at, u.started_at, u.completed_at, u.error, u.result,
+ j.room_id, j.category, j.name, j.on_worker_loss, j.max_attempts`
+
+// hotStatusEvent is the task_status_event object of the changed task u
+// (%[1]s: the queue position expression).
+const hotStatusEvent = `json_build_object('id', u.id, 'name', j.room_id || ':' || j.category || ':' || j.name, 'room_id', u.room_id,
+ 'status', u.status, 'created_at', u.created_at, 'started_at', u.started_at, 'completed_at', u.completed_at,
+ 'queue_position', %[1]s, 'worker_id', u.worker_id, 'error', u.error)::text`
+
+// hotNotifyCol is the statement's last column: whether the status event went
+// out with pg_notify. Parameters $n..$n+6 are the HotNotify fields.
+func hotNotifyCol(n int, qp string) string {
+	payload := fmt.Sprintf("$%d || to_json($%d || u.room_id)::text || $%d || %s || $%d", n+1, n+4, n+2, fmt.Sprintf(hotStatusEvent, qp), n+3)
+	return fmt.Sprintf(`CASE WHEN u.id IS NOT NULL AND $%[1]d <> '' AND octet_length(%[2]s) < $%[3]d
+ THEN pg_notify($%[1]d, %[2]s)::text IS NOT NULL ELSE false END`, n, payload, n+5)
+}
+
+func (h HotNotify) args() []any {
+	return []any{h.Channel, h.Prefix, h.Middle, h.Suffix, h.RoomPrefix, h.MaxBytes}
+}
+
+// HotTask is a task a hot statement changed, and whether its status event
+// was sent to other nodes inside the statement.
+type HotTask struct {
+	Task
+	Notified bool
+}
+
+func scanHotTask(row pgx.Rows) (HotTask, error) {
+	var t HotTask
+	err := row.Scan(&t.ID, &t.Seq, &t.JobID, &t.WorkerID, &t.LostWorkerID, &t.RoomID, &t.CreatedByID, &t.Payload, &t.Status, &t.Attempt,
+		&t.CreatedAt, &t.ClaimedAt, &t.StartedAt, &t.CompletedAt, &t.Error, &t.Result,
+		&t.JobRoom, &t.JobCategory, &t.JobName, &t.OnWorkerLoss, &t.MaxAttempts, &t.QueuePosition, &t.Notified)
+	return t, err
+}
+
+// claimSQL claims up to $3 tasks for worker $1 owned by user $2. The worker's
+// jobs are taken oldest pending task first (each job's oldest is one probe
+// of the (job_id, status, seq) index); within a job the pending tasks are
+// walked in that index's order and locked with SKIP LOCKED one at a time as
+// the LIMIT pulls them, so the statement locks exactly the rows it claims,
+// reads no pending row beyond them but the locked ones it skips, and never
+// sorts pending rows, whatever the queue length or the statistics. (Locking
+// only what it claims is what keeps a concurrent claimer from coming back
+// empty, or out of order, while a task it may take is pending.) The worker
+// row is held in key share, as models.LockWorker does, so a concurrent
+// cleanup of the worker either finished first or sees these claims. The
+// outer join returns one row with NULL task columns when nothing was
+// claimed; its first column is false when the worker does not exist or
+// belongs to someone else.
+var claimSQL = `WITH w AS (
+	SELECT id FROM workers WHERE id = $1 AND user_id = $2 FOR KEY SHARE
+), heads AS (
+	SELECT l.job_id, (SELECT t.seq FROM tasks t WHERE t.job_id = l.job_id AND t.status = 'pending' ORDER BY t.seq LIMIT 1) AS head
+	FROM w JOIN worker_job_links l ON l.worker_id = w.id
+	JOIN jobs jj ON jj.id = l.job_id AND jj.room_id <> '@internal'
+), picked AS (
+	SELECT c.id FROM (SELECT job_id, head FROM heads WHERE head IS NOT NULL ORDER BY head) h
+	CROSS JOIN LATERAL (
+		SELECT t.id FROM tasks t
+		WHERE t.job_id = h.job_id AND t.status = 'pending'
+		ORDER BY t.seq LIMIT $3
+		FOR UPDATE OF t SKIP LOCKED
+	) c
+	LIMIT $3
+), u AS (
+	UPDATE tasks t SET status = 'claimed', worker_id = $1, attempt = t.attempt + 1, claimed_at = now(), updated_at = now()
+	FROM picked WHERE t.id = picked.id
+	RETURNING t.*
+)
+SELECT EXISTS (SELECT 1 FROM w), ` + hotTaskCols + `, NULL::bigint AS qp, ` + hotNotifyCol(4, "NULL") + `
+FROM (SELECT 1) one LEFT JOIN (u LEFT JOIN jobs j ON j.id = u.job_id) ON true
+ORDER BY u.seq`
+
+// ClaimTasksHot claims up to limit of the oldest pending tasks of the
+// worker's (non-internal) jobs in one statement, in seq order. owned is false
+// when the worker does not exist or is not the user's; the caller then takes
+// the general path for the precise answer.
+func (db *DB) ClaimTasksHot(ctx context.Context, workerID, userID uuid.UUID, limit int, n HotNotify) (owned bool, ts []HotTask, err error) {
+	if db.Pool == nil {
+		return false, nil, ErrNoHotPath
+	}
+	rows, err := db.Pool.Query(ctx, claimSQL, append([]any{workerID, userID, limit}, n.args()...)...)
+	if err != nil {
+		return false, nil, fmt.Errorf("claim tasks: %w", mapErr(err))
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			ok                      bool
+			id, jobID               *uuid.UUID
+			seq                     *int64
+			roomID, payload, status *string
+			attempt                 *int
+			t                       HotTask
+		)
+		// The first column says whether the worker is the caller's; the task
+		// columns are NULL on the single row of an empty claim.
+		err := rows.Scan(&ok, &id, &seq, &jobID, &t.WorkerID, &t.LostWorkerID, &roomID, &t.CreatedByID, &payload, &status, &attempt,
+			&t.CreatedAt, &t.ClaimedAt, &t.StartedAt, &t.CompletedAt, &t.Error, &t.Result,
+			&t.JobRoom, &t.JobCategory, &t.JobName, &t.OnWorkerLoss, &t.MaxAttempts, &t.QueuePosition, &t.Notified)
+		if err != nil {
+			return false, nil, fmt.Errorf("claim tasks: %w", err)
+		}
+		owned = ok
+		if id != nil {
+			t.ID, t.Seq, t.JobID, t.RoomID, t.Payload, t.Status, t.Attempt = *id, *seq, *jobID, *roomID, *payload, *status, *attempt
+			ts = append(ts, t)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return false, nil, fmt.Errorf("claim tasks: %w", mapErr(err))
+	}
+	return owned, ts, nil
+}
+
+// updateStatusSQL moves task $1 to status $2 when it is in one of the states
+// $4, held by a worker that the caller owns (or the caller is a superuser,
+// $5), and not the late report of a worker a cleanup took it from. $3, when
+// not empty, becomes the error of a terminal status.
+var updateStatusSQL = `WITH u AS (
+	UPDATE tasks t SET status = $2, updated_at = now(),
+		started_at = CASE WHEN $2 = 'running' THEN now() ELSE t.started_at END,
+		completed_at = CASE WHEN $2 IN ('completed', 'failed', 'cancelled') THEN now() ELSE t.completed_at END,
+		error = CASE WHEN $3 <> '' THEN $3 ELSE t.error END
+	WHERE t.id = $1 AND t.status = ANY($4::text[]) AND t.worker_id IS NOT NULL
+		AND (t.lost_worker_id IS NULL OR t.worker_id <> t.lost_worker_id)
+		AND ($5 OR EXISTS (SELECT 1 FROM workers w WHERE w.id = t.worker_id AND w.user_id = $6))
+	RETURNING t.*
+)
+SELECT ` + hotTaskCols + `, NULL::bigint AS qp, ` + hotNotifyCol(7, "NULL") + `
+FROM u LEFT JOIN jobs j ON j.id = u.job_id`
+
+// UpdateTaskStatusHot applies a status change to a task held by a worker, in
+// one statement. ok is false when nothing changed (the task is missing, in
+// another state, not the caller's, or lost by its worker): the caller takes
+// the general path for the precise answer.
+func (db *DB) UpdateTaskStatusHot(ctx context.Context, id uuid.UUID, to string, from []string, errMsg string, superuser bool, userID uuid.UUID, n HotNotify) (HotTask, bool, error) {
+	if db.Pool == nil {
+		return HotTask{}, false, ErrNoHotPath
+	}
+	rows, err := db.Pool.Query(ctx, updateStatusSQL, append([]any{id, to, errMsg, from, superuser, userID}, n.args()...)...)
+	if err != nil {
+		return HotTask{}, false, fmt.Errorf("update task status: %w", mapErr(err))
+	}
+	defer rows.Close()
+	var t HotTask
+	ok := false
+	for rows.Next() {
+		if t, err = scanHotTask(rows); err != nil {
+			return HotTask{}, false, fmt.Errorf("update task status: %w", err)
+		}
+		ok = true
+	}
+	if err := rows.Err(); err != nil {
+		return HotTask{}, false, fmt.Errorf("update task status: %w", mapErr(err))
+	}
+	return t, ok, nil
+}
+
+// submitSQL adds a pending task to the live, non-internal job $1:$2:$3 (held
+// in key share, so the orphan rule cannot retire it meanwhile). The queue
+// position counts the pending tasks ahead of it over the index (the new row
+// is not in the statement's snapshot: hence the 1 +). Besides the status
+// event it sends task_available to the job's workers: parameters $8..$13
+// are the status event's HotNotify, $14..$17 the task_available frame
+// (prefix, middle, suffix, job room prefix).
+var submitSQL = `WITH jj AS (
+	SELECT id FROM jobs WHERE room_id = $1 AND category = $2 AND name = $3 AND deleted = false AND room_id <> '@internal' FOR KEY SHARE
+), u AS (
+	INSERT INTO tasks (id, job_id, room_id, created_by_id, payload, status, created_at, updated_at)
+	SELECT $4, jj.id, $5, $6, $7, 'pending', now(), now() FROM jj
+	RETURNING *
+), v AS (
+	SELECT u.*, 1 + (SELECT count(*) FROM tasks p WHERE p.job_id = u.job_id AND p.status = 'pending' AND p.seq < u.seq) AS position FROM u
+)
+SELECT ` + hotTaskCols + `, u.position, ` + hotNotifyCol(8, "u.position") + `,
+ CASE WHEN $8 <> '' THEN pg_notify($8, $14 || to_json($17 || j.room_id || ':' || j.category || ':' || j.name)::text || $15 ||
+  json_build_object('job_name', j.room_id || ':' || j.category || ':' || j.name, 'room_id', u.room_id, 'task_id', u.id)::text || $16)::text IS NOT NULL
+ ELSE false END
+FROM v u JOIN jobs j ON j.id = u.job_id`
+
+// AvailableFrame is the frame of the task_available event a submission
+// sends to the job's workers (see HotNotify).
+type AvailableFrame struct {
+	Prefix, Middle, Suffix string
+	// JobRoomPrefix turns a job's full name into its workers' room name.
+	JobRoomPrefix string
+}
+
+// SubmitTaskHot adds a pending task to a live job that is not @internal, in
+// one statement, and returns it with its queue position. ok is false when
+// no such job exists (the caller's general path answers).
+func (db *DB) SubmitTaskHot(ctx context.Context, id uuid.UUID, room, category, name, targetRoom string, createdBy uuid.UUID, payload string, n HotNotify, a AvailableFrame) (HotTask, bool, error) {
+	if db.Pool == nil {
+		return HotTask{}, false, ErrNoHotPath
+	}
+	args := append([]any{room, category, name, id, targetRoom, createdBy, payload}, n.args()...)
+	args = append(args, a.Prefix, a.Middle, a.Suffix, a.JobRoomPrefix)
+	rows, err := db.Pool.Query(ctx, submitSQL, args...)
+	if err != nil {
+		return HotTask{}, false, fmt.Errorf("insert task: %w", mapErr(err))
+	}
+	defer rows.Close()
+	var t HotTask
+	ok := false
+	for rows.Next() {
+		var availableSent bool
+		err := rows.Scan(&t.ID, &t.Seq, &t.JobID, &t.WorkerID, &t.LostWorkerID, &t.RoomID, &t.CreatedByID, &t.Payload, &t.Status, &t.Attempt,
+			&t.CreatedAt, &t.ClaimedAt, &t.StartedAt, &t.CompletedAt, &t.Error, &t.Result,
+			&t.JobRoom, &t.JobCategory, &t.JobName, &t.OnWorkerLoss, &t.MaxAttempts, &t.QueuePosition, &t.Notified, &availableSent)
+		if err != nil {
+			return HotTask{}, false, fmt.Errorf("insert task: %w", err)
+		}
+		t.Notified = t.Notified && availableSent
+		ok = true
+	}
+	if err := rows.Err(); err != nil {
+		return HotTask{}, false, fmt.Errorf("insert task: %w", mapErr(err))
+	}
+	return t, ok, nil
+}
+
+// HeartbeatHot refreshes the heartbeat of the user's worker in one
+// statement. ok is false when the worker is missing or someone else's.
+func (db *DB) HeartbeatHot(ctx context.Context, id, userID uuid.UUID) (Worker, bool, error) {
+	if db.Pool == nil {
+		return Worker{}, false, ErrNoHotPath
+	}
+	var w Worker
+	err := db.Pool.QueryRow(ctx, "UPDATE workers SET last_heartbeat = now() WHERE id = $1 AND user_id = $2 RETURNING "+workerColsBare, id, userID).
+		Scan(&w.ID, &w.UserID, &w.LastHeartbeat, &w.CreatedAt, &w.SessionEpoch, &w.NodeID, &w.NodeRun, &w.BoundAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Worker{}, false, nil
+	}
+	if err != nil {
+		return Worker{}, false, fmt.Errorf("heartbeat worker: %w", mapErr(err))
+	}
+	return w, true, nil
+}
+
+// NotifyNow sends one NOTIFY outside any transaction (for a hot statement's
+// event that was too large to send inline).
+func (db *DB) NotifyNow(ctx context.Context, channel, payload string) error {
+	if db.Pool == nil {
+		return ErrNoHotPath
+	}
+	if _, err := db.Pool.Exec(ctx, "SELECT pg_notify($1, $2)", channel, payload); err != nil {
+		return fmt.Errorf("notify %s: %w", channel, err)
+	}
+	return nil
+}
