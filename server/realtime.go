@@ -50,8 +50,8 @@ type RealtimeConfig struct {
 	// MaxEventBytes bounds one event with its attachments, counted as they
 	// arrive.
 	MaxEventBytes int64 `env:"SOCKET_MAX_EVENT_BYTES" envDefault:"10000000"`
-	// MaxJSONDepth bounds the nesting of an event's arguments.
-	MaxJSONDepth int `env:"SOCKET_MAX_JSON_DEPTH" envDefault:"64"`
+	// MaxEventDepth bounds the nesting of an event's arguments.
+	MaxEventDepth int `env:"SOCKET_MAX_JSON_DEPTH" envDefault:"64"`
 	// MaxRooms bounds the rooms one socket is in.
 	MaxRooms int `env:"SOCKET_MAX_ROOMS" envDefault:"1000"`
 	// MaxSessions and MaxSessionsPerAddr bound the open Engine.IO sessions
@@ -69,7 +69,7 @@ func DefaultRealtimeConfig() RealtimeConfig {
 	return RealtimeConfig{
 		PingInterval: 25 * time.Second, PingTimeout: 20 * time.Second, DisconnectGrace: 5 * time.Second,
 		MaxMessageBytes: 1_000_000, SendQueue: 1024, ConnectTimeout: 20 * time.Second,
-		MaxAttachments: 64, MaxEventBytes: 10_000_000, MaxJSONDepth: 64, MaxRooms: 1000,
+		MaxAttachments: 64, MaxEventBytes: 10_000_000, MaxEventDepth: 64, MaxRooms: 1000,
 		MaxSessions: 100_000, MaxSessionsPerAddr: 1000, MaxHints: 32,
 	}
 }
@@ -141,7 +141,7 @@ func (s *Server) NewRealtime(cfg RealtimeConfig, log *slog.Logger) *Realtime {
 		ConnectTimeout:     cfg.ConnectTimeout,
 		MaxAttachments:     cfg.MaxAttachments,
 		MaxEventBytes:      cfg.MaxEventBytes,
-		MaxDepth:           cfg.MaxJSONDepth,
+		MaxDepth:           cfg.MaxEventDepth,
 		MaxRooms:           cfg.MaxRooms,
 		MaxSessions:        cfg.MaxSessions,
 		MaxSessionsPerAddr: cfg.MaxSessionsPerAddr,

@@ -99,7 +99,7 @@ func (c Config) validate() error {
 	if c.Realtime.MaxMessageBytes <= 0 || c.Realtime.SendQueue <= 0 {
 		return errors.New("JOBLIB_SOCKET_MAX_MESSAGE_BYTES and JOBLIB_SOCKET_SEND_QUEUE must be positive")
 	}
-	if r := c.Realtime; r.ConnectTimeout <= 0 || r.MaxAttachments <= 0 || r.MaxEventBytes <= 0 || r.MaxJSONDepth <= 0 ||
+	if r := c.Realtime; r.ConnectTimeout <= 0 || r.MaxAttachments <= 0 || r.MaxEventBytes <= 0 || r.MaxEventDepth <= 0 ||
 		r.MaxRooms <= 0 || r.MaxSessions <= 0 || r.MaxSessionsPerAddr <= 0 || r.MaxHints <= 0 {
 		return errors.New("JOBLIB_SOCKET_CONNECT_TIMEOUT, _MAX_ATTACHMENTS, _MAX_EVENT_BYTES, _MAX_JSON_DEPTH, _MAX_ROOMS, _MAX_SESSIONS, _MAX_SESSIONS_PER_ADDR and _MAX_HINTS must be positive")
 	}
