@@ -67,10 +67,8 @@ type wireItem struct {
 // once the listener is subscribed (so nothing published afterwards by other
 // nodes is missed) or ctx ends.
 func (b *PGBus) Start(ctx context.Context) error {
-	_, err := b.pool.Exec(ctx, `CREATE UNLOGGED TABLE IF NOT EXISTS joblib_event_spill (
-		id bigserial PRIMARY KEY, payload text NOT NULL, created_at timestamptz NOT NULL DEFAULT now())`)
-	if err != nil {
-		return fmt.Errorf("create event spill table: %w", err)
+	if err := b.ensureSpill(ctx); err != nil {
+		return err
 	}
 	lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	b.mu.Lock()
@@ -84,6 +82,40 @@ func (b *PGBus) Start(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// schemaLockSQL is models.SchemaLockSQL (a test keeps them equal): every
+// schema change joblib makes at start holds it, so that nodes starting
+// together on an empty database never race on DDL (CREATE ... IF NOT EXISTS
+// is not safe concurrently in PostgreSQL).
+const schemaLockSQL = "SELECT pg_advisory_xact_lock(hashtext('joblib:schema'), hashtext(current_schema()))"
+
+// ensureSpill creates the spill table when the schema lacks it (a database
+// migrated by joblib has it already), under the schema lock.
+func (b *PGBus) ensureSpill(ctx context.Context) error {
+	var exists bool
+	if err := b.pool.QueryRow(ctx, "SELECT to_regclass('joblib_event_spill') IS NOT NULL").Scan(&exists); err != nil {
+		return fmt.Errorf("look up event spill table: %w", err)
+	}
+	if exists {
+		return nil
+	}
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("create event spill table: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit it is a no-op
+	if _, err := tx.Exec(ctx, schemaLockSQL); err != nil {
+		return fmt.Errorf("create event spill table: lock schema: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `CREATE UNLOGGED TABLE IF NOT EXISTS joblib_event_spill (
+		id bigserial PRIMARY KEY, payload text NOT NULL, created_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		return fmt.Errorf("create event spill table: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("create event spill table: %w", err)
+	}
+	return nil
 }
 
 // Stop ends the listener and waits for it.

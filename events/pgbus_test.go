@@ -107,3 +107,11 @@ func TestPGBusCrossNode(t *testing.T) {
 		t.Fatalf("remote node received %d emissions, want 3", n)
 	}
 }
+
+// TestPGBusSchemaLockMatchesModels: the bus creates its spill table under
+// the same advisory lock as the migrations, or concurrent starts race.
+func TestPGBusSchemaLockMatchesModels(t *testing.T) {
+	if events.SchemaLockSQL != models.SchemaLockSQL {
+		t.Fatalf("events takes %q, models %q", events.SchemaLockSQL, models.SchemaLockSQL)
+	}
+}

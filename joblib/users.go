@@ -65,6 +65,11 @@ func (s *Service) CreateToken(ctx context.Context, userName string, superuser bo
 // authenticates as it. Idempotent.
 func (s *Service) EnsureAdminToken(ctx context.Context, token string) error {
 	err := s.db.Tx(ctx, func(q *models.Q) error {
+		// Nodes starting together all ensure the same user and token:
+		// the schema lock makes the check-then-create one at a time.
+		if err := q.LockSchema(); err != nil {
+			return err
+		}
 		if _, err := q.UserByTokenHash(HashToken(token)); err == nil {
 			return nil
 		} else if !errors.Is(err, models.ErrNotFound) {
@@ -86,6 +91,34 @@ func (s *Service) EnsureAdminToken(ctx context.Context, token string) error {
 		return fmt.Errorf("ensure admin token: %w", err)
 	}
 	return nil
+}
+
+// CreateFirstAdmin creates a superuser "admin" with a new API token when the
+// database has no user at all, and returns the token; it returns "" when
+// users exist. Nodes starting together on an empty database create one
+// admin between them (the schema lock orders them).
+func (s *Service) CreateFirstAdmin(ctx context.Context) (string, error) {
+	var token string
+	err := s.db.Tx(ctx, func(q *models.Q) error {
+		token = ""
+		if err := q.LockSchema(); err != nil { // one first admin among nodes starting together
+			return err
+		}
+		n, err := q.CountUsers()
+		if err != nil || n > 0 {
+			return err
+		}
+		u, err := q.CreateUser("admin", true)
+		if err != nil {
+			return err
+		}
+		token = newToken()
+		return q.CreateAPIToken(u.ID, "cli", HashToken(token))
+	})
+	if err != nil {
+		return "", fmt.Errorf("create first admin: %w", err)
+	}
+	return token, nil
 }
 
 // HasUsers reports whether any user exists.

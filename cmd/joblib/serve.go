@@ -129,12 +129,8 @@ func bootstrapAuth(ctx context.Context, cfg Config, svc *joblib.Service, log *sl
 	if cfg.Server.AdminToken != "" {
 		return svc.EnsureAdminToken(ctx, cfg.Server.AdminToken)
 	}
-	has, err := svc.HasUsers(ctx)
-	if err != nil || has {
-		return err
-	}
-	tok, _, err := svc.CreateToken(ctx, "admin", true)
-	if err != nil {
+	tok, err := svc.CreateFirstAdmin(ctx)
+	if err != nil || tok == "" {
 		return err
 	}
 	fmt.Fprintf(stdout, "No users yet: created superuser \"admin\" with this API token (shown once):\n%s\n", tok)

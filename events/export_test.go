@@ -1,0 +1,4 @@
+package events
+
+// SchemaLockSQL exposes the schema lock statement to the tests.
+const SchemaLockSQL = schemaLockSQL
