@@ -62,6 +62,7 @@ func New(cfg Config) *Service {
 	def := DefaultSettings()
 	cfg.Settings.ProviderMaxResultBytes = cmp.Or(cfg.Settings.ProviderMaxResultBytes, def.ProviderMaxResultBytes)
 	cfg.Settings.InternalWorkers = cmp.Or(cfg.Settings.InternalWorkers, def.InternalWorkers)
+	cfg.Settings.NodeLeaseTimeout = cmp.Or(cfg.Settings.NodeLeaseTimeout, def.NodeLeaseTimeout)
 	if cfg.ResultCache == nil {
 		cfg.ResultCache = DefaultResultCache(cfg.DB, cfg.Logger)
 	}

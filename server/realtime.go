@@ -148,6 +148,22 @@ func (rt *Realtime) Shutdown(ctx context.Context) error {
 	return err
 }
 
+// DropWorkerSockets closes every socket that holds a worker on this node, so
+// that those workers reconnect and join again. Used when this node's lease
+// was taken away: another node has released (cleaned) its workers.
+func (rt *Realtime) DropWorkerSockets() int {
+	rt.mu.Lock()
+	socks := make(map[*sio.Socket]bool, len(rt.bound))
+	for _, s := range rt.bound {
+		socks[s] = true
+	}
+	rt.mu.Unlock()
+	for s := range socks {
+		s.Disconnect()
+	}
+	return len(socks)
+}
+
 // deliver sends a committed emission to its room. It never blocks: the
 // Socket.IO server enqueues on each member's bounded queue.
 func (rt *Realtime) deliver(e events.Emission) {

@@ -28,6 +28,10 @@ type Config struct {
 	LogFormat string `env:"LOG_FORMAT" envDefault:"text"`
 	// ShutdownTimeout bounds the drain of in-flight requests on SIGTERM/SIGINT.
 	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"30s"`
+	// NodeAddr is the host:port other nodes reach this one at (advertised
+	// in its lease). Default: the listen address, with this host's name for
+	// an unspecified host.
+	NodeAddr string `env:"NODE_ADDR"`
 
 	Server   server.Config
 	Realtime server.RealtimeConfig
