@@ -19,6 +19,30 @@ type Bus interface {
 	Subscribe(fn func(Emission)) (unsubscribe func())
 }
 
+// TxBus is a Bus whose delivery to other nodes rides inside the mutation's
+// own database transaction: the mutation sends Notification's payload with
+// pg_notify(Channel, payload) before it commits, so PostgreSQL delivers it
+// exactly when the change commits and never without it, at no extra round
+// trip. After the commit the caller hands the same emissions to Deliver for
+// this node's subscribers; nothing is delivered in-process before the commit.
+type TxBus interface {
+	Bus
+	// Notification encodes ems as one NOTIFY payload for Channel.
+	Notification(ctx context.Context, ems []Emission) (string, error)
+	// Frame describes a one-event batch to a statement that builds the
+	// payload from the row it changes (see NotifyFrame).
+	Frame(eventName string) NotifyFrame
+	// Deliver hands ems to this node's subscribers only.
+	Deliver(ems []Emission)
+}
+
+// NotifyFrame is the constant text around a one-event NOTIFY payload: the
+// payload is Prefix + room as a JSON string + Middle + the event's JSON
+// object + Suffix, sent with pg_notify(Channel, ...).
+type NotifyFrame struct {
+	Channel, Prefix, Middle, Suffix string
+}
+
 // LocalBus is the in-process Bus for a single node. The zero value is ready.
 type LocalBus struct {
 	mu   sync.RWMutex

@@ -130,35 +130,70 @@ func (b *PGBus) Stop() {
 	<-done
 }
 
-// Publish implements Bus: local subscribers first, then the other nodes.
+// Publish implements Bus for emissions that no transaction produced: local
+// subscribers first, then the other nodes with a NOTIFY of its own.
+// Mutations use Notification inside their transaction instead.
 func (b *PGBus) Publish(ctx context.Context, ems []Emission) error {
 	if len(ems) == 0 {
 		return nil
 	}
 	b.Deliver(ems)
+	msg, err := b.Notification(ctx, ems)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := b.pool.Exec(ctx, "SELECT pg_notify($1, $2)", Channel, msg); err != nil {
+		return fmt.Errorf("notify event batch: %w", err)
+	}
+	return nil
+}
+
+// Notification implements TxBus: the NOTIFY payload on Channel that carries
+// ems to the other nodes. A batch too large for NOTIFY is stored in the spill
+// table first (in its own short transaction: a spilled batch whose NOTIFY
+// never commits is only garbage, collected later) and referenced by id.
+func (b *PGBus) Notification(ctx context.Context, ems []Emission) (string, error) {
 	batch := wireBatch{Node: b.node, Items: make([]wireItem, len(ems))}
 	for i, e := range ems {
 		batch.Items[i] = wireItem{Room: e.Room, Name: e.Event.EventName(), Payload: e.Payload()}
 	}
 	msg, err := json.Marshal(batch)
 	if err != nil {
-		return fmt.Errorf("encode event batch: %w", err)
+		return "", fmt.Errorf("encode event batch: %w", err)
+	}
+	if len(msg) < maxNotify {
+		return string(msg), nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if len(msg) >= maxNotify {
-		var id int64
-		if err := b.pool.QueryRow(ctx, "INSERT INTO joblib_event_spill (payload) VALUES ($1) RETURNING id", string(msg)).Scan(&id); err != nil {
-			return fmt.Errorf("spill event batch: %w", err)
-		}
-		b.gcSpill(ctx)
-		msg, _ = json.Marshal(wireBatch{Node: b.node, Ref: id})
+	var id int64
+	if err := b.pool.QueryRow(ctx, "INSERT INTO joblib_event_spill (payload) VALUES ($1) RETURNING id", string(msg)).Scan(&id); err != nil {
+		return "", fmt.Errorf("spill event batch: %w", err)
 	}
-	if _, err := b.pool.Exec(ctx, "SELECT pg_notify($1, $2)", Channel, string(msg)); err != nil {
-		return fmt.Errorf("notify event batch: %w", err)
-	}
-	return nil
+	b.gcSpill(ctx)
+	msg, _ = json.Marshal(wireBatch{Node: b.node, Ref: id})
+	return string(msg), nil
 }
+
+// Frame implements TxBus: a one-event batch is exactly
+// prefix + JSON(room) + middle + payload + suffix, so a statement can build
+// the NOTIFY payload from the row it changes. Statements whose payload may
+// reach maxNotify must use Notification instead.
+func (b *PGBus) Frame(eventName string) NotifyFrame {
+	node, _ := json.Marshal(b.node)
+	name, _ := json.Marshal(eventName)
+	return NotifyFrame{
+		Channel: Channel,
+		Prefix:  `{"n":` + string(node) + `,"e":[{"r":`,
+		Middle:  `,"t":` + string(name) + `,"p":`,
+		Suffix:  `}]}`,
+	}
+}
+
+// MaxNotifyBytes is the largest NOTIFY payload a statement may send inline.
+const MaxNotifyBytes = maxNotify
 
 // gcSpill deletes old spilled batches, at most once a minute.
 func (b *PGBus) gcSpill(ctx context.Context) {
@@ -253,4 +288,4 @@ func (b *PGBus) receive(ctx context.Context, payload string) {
 	b.Deliver(ems)
 }
 
-var _ Bus = (*PGBus)(nil)
+var _ TxBus = (*PGBus)(nil)

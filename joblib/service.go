@@ -155,18 +155,44 @@ func (s *Service) SetSettings(st Settings) {
 	s.settings = st
 }
 
-// mutate runs fn in one transaction and publishes what it emitted once the
-// transaction has committed. Nothing is published when fn or the commit fails.
+// mutate runs fn in one transaction and publishes what it emitted. With a
+// TxBus on PostgreSQL the other nodes' NOTIFY is sent inside the transaction
+// (PostgreSQL delivers it exactly at commit, never without it); this node's
+// subscribers get the emissions after the commit. Nothing is published when
+// fn or the commit fails.
 func (s *Service) mutate(ctx context.Context, fn func(q *models.Q, em *events.Set) error) error {
 	var em events.Set
+	tb := s.txBus()
 	err := s.db.Tx(ctx, func(q *models.Q) error {
 		em = events.Set{}
-		return fn(q, &em)
+		if err := fn(q, &em); err != nil {
+			return err
+		}
+		if tb == nil || em.Len() == 0 {
+			return nil
+		}
+		msg, err := tb.Notification(ctx, em.List())
+		if err != nil {
+			return err
+		}
+		return q.Notify(events.Channel, msg)
 	})
 	if err != nil {
 		return err
 	}
+	if tb != nil {
+		tb.Deliver(em.List())
+		return nil
+	}
 	s.publish(ctx, em.List())
+	return nil
+}
+
+// txBus is the bus when it can publish inside PostgreSQL transactions.
+func (s *Service) txBus() events.TxBus {
+	if tb, ok := s.bus.(events.TxBus); ok && s.db.Dialect() == models.Postgres {
+		return tb
+	}
 	return nil
 }
 

@@ -212,6 +212,15 @@ func retryable(err error) bool {
 // Dialect reports which database the queries run on.
 func (q *Q) Dialect() Dialect { return q.d }
 
+// Notify sends a NOTIFY on channel as part of q's transaction (PostgreSQL
+// delivers it when the transaction commits, and never if it rolls back).
+func (q *Q) Notify(channel, payload string) error {
+	if err := q.g.Exec("SELECT pg_notify(?, ?)", channel, payload).Error; err != nil {
+		return fmt.Errorf("notify %s: %w", channel, mapErr(err))
+	}
+	return nil
+}
+
 // Sentinel errors returned by this package.
 var (
 	// ErrNotFound means the row does not exist.

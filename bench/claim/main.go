@@ -1,10 +1,20 @@
-// Command claim measures claim throughput over HTTP: W concurrent workers
-// each loop claim → running → completed until the queue is empty, against an
-// in-process joblib server on loopback. It prints tasks per second and the
-// p50/p99 latency of the claim request.
+// Command claim measures the claim path against the machine's own ceiling.
 //
-//	go run ./bench/claim -db postgres://postgres@127.0.0.1:5432/test -workers 8 -tasks 4000
-//	go run ./bench/claim -workers 8 -tasks 4000          # SQLite in a temp dir
+// In one run it alternates rounds of two systems on the same PostgreSQL:
+//
+//   - joblib over HTTP (an in-process server on loopback), with a normal
+//     user's token and the contract's three requests per task: claim, then
+//     PATCH running, then PATCH completed (or, with -batch N > 1, one
+//     claim-batch request for up to N tasks and the same two PATCHes per task);
+//   - the raw loop: one `UPDATE … FOR UPDATE SKIP LOCKED RETURNING` claim and
+//     one completing UPDATE per task, autocommit, over pgx.
+//
+// W workers loop until the round's queue is empty. It prints, per system,
+// the median over rounds of tasks/s, the claim p50/p99 over every claim, and
+// statements per task, then the ratio joblib/raw.
+//
+//	go run ./bench/claim -db postgres://postgres@127.0.0.1:5432/test -workers 8 -tasks 2000 -rounds 3
+//	go run ./bench/claim -workers 8 -tasks 2000        # SQLite in a temp dir (joblib only)
 package main
 
 import (
@@ -27,38 +37,44 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/zndraw/joblib/joblib"
 	"github.com/zndraw/joblib/models"
 	"github.com/zndraw/joblib/server"
 )
 
+type options struct {
+	db                     string
+	workers, tasks, rounds int
+	batch                  int
+	cpuprofile             string
+}
+
 func main() {
-	dbURL := flag.String("db", "", "postgres:// URL (a private schema is created and dropped); empty = SQLite in a temp dir")
-	workers := flag.Int("workers", 8, "concurrent workers")
-	tasks := flag.Int("tasks", 4000, "tasks to process")
-	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the claim phase to this file")
+	var o options
+	flag.StringVar(&o.db, "db", "", "postgres:// URL (a private schema is created and dropped); empty = SQLite in a temp dir, joblib only")
+	flag.IntVar(&o.workers, "workers", 8, "concurrent workers")
+	flag.IntVar(&o.tasks, "tasks", 2000, "tasks per round")
+	flag.IntVar(&o.rounds, "rounds", 3, "rounds of each system, interleaved")
+	flag.IntVar(&o.batch, "batch", 1, "tasks per joblib claim: 1 uses POST /tasks/claim, more uses POST /tasks/claim-batch")
+	flag.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the joblib rounds to this file")
 	flag.Parse()
-	if *cpuprofile != "" {
-		f, err := os.Create(*cpuprofile)
-		if err != nil {
-			log.Fatal(err)
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			log.Fatal(err)
-		}
-		defer pprof.StopCPUProfile()
-	}
-	if err := run(*dbURL, *workers, *tasks); err != nil {
+	if err := run(context.Background(), o); err != nil {
 		log.Print(err)
-		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
 }
 
-func run(dbURL string, workers, tasks int) error {
-	ctx := context.Background()
-	url, cleanup, err := prepare(ctx, dbURL)
+// result is one round of one system.
+type result struct {
+	elapsed    time.Duration
+	claims     []time.Duration
+	statements int64
+	tasks      int
+}
+
+func run(ctx context.Context, o options) error {
+	url, cleanup, err := prepare(ctx, o.db)
 	if err != nil {
 		return err
 	}
@@ -72,84 +88,311 @@ func run(dbURL string, workers, tasks int) error {
 	if _, err := db.Migrate(ctx); err != nil {
 		return err
 	}
-	svc := joblib.New(joblib.Config{DB: db})
-	defer svc.Close()
-	token, _, err := svc.CreateToken(ctx, "bench", true)
+	jb, err := newJoblibBench(ctx, db, &statements, o)
 	if err != nil {
 		return err
 	}
-	srv := httptest.NewServer(server.New(svc, server.DefaultConfig(), nil).Handler())
-	defer srv.Close()
-	c := &client{base: srv.URL + "/v1/joblib", token: token, http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: workers * 2}}}
-
-	wids := make([]string, workers)
-	for i := range wids {
-		var job map[string]any
-		if err := c.do("PUT", "/rooms/bench/jobs", map[string]any{"category": "modifiers", "name": "Bench"}, &job); err != nil {
+	defer jb.close()
+	var rb *rawBench
+	if db.Dialect() == models.Postgres {
+		if rb, err = newRawBench(ctx, url, o); err != nil {
 			return err
 		}
-		wids[i] = job["worker_id"].(string)
+		defer rb.close()
 	}
-	var wg sync.WaitGroup
-	const submitters = 8
-	for s := range submitters {
-		wg.Go(func() {
-			for i := s; i < tasks; i += submitters {
-				if err := c.do("POST", "/rooms/bench/tasks/bench:modifiers:Bench", map[string]any{"payload": map[string]any{"i": i}}, nil); err != nil {
-					log.Fatal(err)
-				}
+	var prof *os.File
+	if o.cpuprofile != "" {
+		if prof, err = os.Create(o.cpuprofile); err != nil {
+			return err
+		}
+		defer prof.Close()
+	}
+	var jrs, rrs []result
+	for i := range o.rounds {
+		if prof != nil {
+			if err := pprof.StartCPUProfile(prof); err != nil && i == 0 {
+				return err
 			}
-		})
-	}
-	wg.Wait()
-
-	lat := make([][]time.Duration, workers)
-	stmts0 := statements.Load()
-	start := time.Now()
-	for w := range workers {
-		wg.Go(func() {
-			for {
-				t0 := time.Now()
-				var out struct {
-					Task *struct {
-						ID string `json:"id"`
-					} `json:"task"`
-				}
-				if err := c.do("POST", "/tasks/claim", map[string]any{"worker_id": wids[w]}, &out); err != nil {
-					log.Fatal(err)
-				}
-				if out.Task == nil {
-					return
-				}
-				lat[w] = append(lat[w], time.Since(t0))
-				for _, st := range []string{"running", "completed"} {
-					if err := c.do("PATCH", "/tasks/"+out.Task.ID, map[string]any{"status": st}, nil); err != nil {
-						log.Fatal(err)
-					}
-				}
+		}
+		jr, err := jb.round(ctx)
+		if prof != nil {
+			pprof.StopCPUProfile()
+			prof = nil // one profile: the first round
+		}
+		if err != nil {
+			return err
+		}
+		jrs = append(jrs, jr)
+		if rb != nil {
+			rr, err := rb.round(ctx)
+			if err != nil {
+				return err
 			}
-		})
+			rrs = append(rrs, rr)
+		}
 	}
-	wg.Wait()
-	elapsed := time.Since(start)
-	all := slices.Concat(lat...)
-	slices.Sort(all)
-	if len(all) != tasks {
-		return fmt.Errorf("processed %d tasks, want %d", len(all), tasks)
+	label := "joblib"
+	if o.batch > 1 {
+		label = fmt.Sprintf("joblib-batch%d", o.batch)
 	}
-	perTask := ""
-	if db.Dialect() == models.Postgres {
-		perTask = fmt.Sprintf(" statements_per_task=%.1f", float64(statements.Load()-stmts0)/float64(tasks))
+	fmt.Printf("database=%s workers=%d tasks/round=%d rounds=%d\n", db.Dialect(), o.workers, o.tasks, o.rounds)
+	jt := summary(label, jrs, db.Dialect() == models.Postgres)
+	if rb != nil {
+		rt := summary("raw", rrs, true)
+		fmt.Printf("ratio joblib/raw=%.2f (per round:", jt/rt)
+		for i := range jrs {
+			fmt.Printf(" %.2f", rate(jrs[i])/rate(rrs[i]))
+		}
+		fmt.Println(")")
 	}
-	fmt.Printf("database=%s workers=%d tasks=%d elapsed=%s throughput=%.0f tasks/s claim_p50=%s claim_p99=%s%s\n",
-		db.Dialect(), workers, tasks, elapsed.Round(time.Millisecond), float64(tasks)/elapsed.Seconds(),
-		pct(all, 0.50), pct(all, 0.99), perTask)
 	return nil
 }
 
+func rate(r result) float64 { return float64(r.tasks) / r.elapsed.Seconds() }
+
+// summary prints one system's line and returns its median tasks/s.
+func summary(name string, rs []result, counted bool) float64 {
+	var rates []float64
+	var claims []time.Duration
+	var stmts int64
+	var tasks int
+	for _, r := range rs {
+		rates = append(rates, rate(r))
+		claims = append(claims, r.claims...)
+		stmts += r.statements
+		tasks += r.tasks
+	}
+	slices.Sort(rates)
+	slices.Sort(claims)
+	med := rates[len(rates)/2]
+	per := "n/a"
+	if counted {
+		per = fmt.Sprintf("%.1f", float64(stmts)/float64(tasks))
+	}
+	fmt.Printf("%-14s tasks/s=%6.0f (rounds:", name, med)
+	for _, r := range rs {
+		fmt.Printf(" %.0f", rate(r))
+	}
+	fmt.Printf(") claim_p50=%s claim_p99=%s statements/task=%s\n", pct(claims, 0.50), pct(claims, 0.99), per)
+	return med
+}
+
 func pct(s []time.Duration, p float64) time.Duration {
+	if len(s) == 0 {
+		return 0
+	}
 	return s[min(len(s)-1, int(float64(len(s))*p))].Round(10 * time.Microsecond)
 }
+
+// joblibBench drives an in-process joblib server over HTTP.
+type joblibBench struct {
+	o          options
+	svc        *joblib.Service
+	srv        *httptest.Server
+	c          *client
+	wids       []string
+	statements *atomic.Int64
+}
+
+func newJoblibBench(ctx context.Context, db *models.DB, statements *atomic.Int64, o options) (*joblibBench, error) {
+	svc := joblib.New(joblib.Config{DB: db})
+	// A normal user: the contract's owner checks run on every request.
+	token, _, err := svc.CreateToken(ctx, "bench", false)
+	if err != nil {
+		return nil, err
+	}
+	srv := httptest.NewServer(server.New(svc, server.DefaultConfig(), nil).Handler())
+	c := &client{base: srv.URL + "/v1/joblib", token: token, http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: o.workers * 2}}}
+	b := &joblibBench{o: o, svc: svc, srv: srv, c: c, statements: statements}
+	for range o.workers {
+		var job map[string]any
+		if err := c.do("PUT", "/rooms/bench/jobs", map[string]any{"category": "modifiers", "name": "Bench"}, &job); err != nil {
+			b.close()
+			return nil, err
+		}
+		b.wids = append(b.wids, job["worker_id"].(string))
+	}
+	return b, nil
+}
+
+func (b *joblibBench) close() {
+	b.srv.Close()
+	b.svc.Close()
+}
+
+func (b *joblibBench) round(ctx context.Context) (result, error) {
+	var wg sync.WaitGroup
+	const submitters = 8
+	var failed atomic.Value
+	for s := range submitters {
+		wg.Go(func() {
+			for i := s; i < b.o.tasks; i += submitters {
+				if err := b.c.do("POST", "/rooms/bench/tasks/bench:modifiers:Bench", map[string]any{"payload": map[string]any{"i": i}}, nil); err != nil {
+					failed.Store(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err, _ := failed.Load().(error); err != nil {
+		return result{}, err
+	}
+	lat := make([][]time.Duration, b.o.workers)
+	done := make([]int, b.o.workers)
+	s0 := b.statements.Load()
+	start := time.Now()
+	for w := range b.o.workers {
+		wg.Go(func() {
+			for {
+				t0 := time.Now()
+				ids, err := b.claim(b.wids[w])
+				if err != nil {
+					failed.Store(err)
+					return
+				}
+				if len(ids) == 0 {
+					return
+				}
+				lat[w] = append(lat[w], time.Since(t0))
+				for _, id := range ids {
+					for _, st := range []string{"running", "completed"} {
+						if err := b.c.do("PATCH", "/tasks/"+id, map[string]any{"status": st}, nil); err != nil {
+							failed.Store(err)
+							return
+						}
+					}
+					done[w]++
+				}
+			}
+		})
+	}
+	wg.Wait()
+	r := result{elapsed: time.Since(start), claims: slices.Concat(lat...), statements: b.statements.Load() - s0}
+	if err, _ := failed.Load().(error); err != nil {
+		return result{}, err
+	}
+	for _, n := range done {
+		r.tasks += n
+	}
+	if r.tasks != b.o.tasks {
+		return result{}, fmt.Errorf("joblib processed %d tasks, want %d", r.tasks, b.o.tasks)
+	}
+	return r, nil
+}
+
+func (b *joblibBench) claim(wid string) ([]string, error) {
+	type task struct {
+		ID string `json:"id"`
+	}
+	if b.o.batch > 1 {
+		var out struct {
+			Tasks []task `json:"tasks"`
+		}
+		if err := b.c.do("POST", "/tasks/claim-batch", map[string]any{"worker_id": wid, "limit": b.o.batch}, &out); err != nil {
+			return nil, err
+		}
+		ids := make([]string, len(out.Tasks))
+		for i, t := range out.Tasks {
+			ids[i] = t.ID
+		}
+		return ids, nil
+	}
+	var out struct {
+		Task *task `json:"task"`
+	}
+	if err := b.c.do("POST", "/tasks/claim", map[string]any{"worker_id": wid}, &out); err != nil {
+		return nil, err
+	}
+	if out.Task == nil {
+		return nil, nil
+	}
+	return []string{out.Task.ID}, nil
+}
+
+// rawBench is the ceiling: the least a claim → complete loop can cost on
+// this PostgreSQL.
+type rawBench struct {
+	o          options
+	pool       *pgxpool.Pool
+	statements atomic.Int64
+}
+
+func newRawBench(ctx context.Context, url string, o options) (*rawBench, error) {
+	b := &rawBench{o: o}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns = 32
+	cfg.ConnConfig.Tracer = counter{&b.statements}
+	if b.pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
+		return nil, err
+	}
+	_, err = b.pool.Exec(ctx, `CREATE TABLE raw_tasks (id bigserial PRIMARY KEY, status text NOT NULL DEFAULT 'pending',
+		worker int, payload jsonb, claimed_at timestamptz, completed_at timestamptz);
+		CREATE INDEX raw_tasks_pending ON raw_tasks (id) WHERE status = 'pending'`)
+	if err != nil {
+		b.pool.Close()
+		return nil, fmt.Errorf("create raw_tasks: %w", err)
+	}
+	return b, nil
+}
+
+func (b *rawBench) close() { b.pool.Close() }
+
+func (b *rawBench) round(ctx context.Context) (result, error) {
+	if _, err := b.pool.Exec(ctx, "INSERT INTO raw_tasks (payload) SELECT jsonb_build_object('i', i) FROM generate_series(1, $1) i", b.o.tasks); err != nil {
+		return result{}, fmt.Errorf("fill raw_tasks: %w", err)
+	}
+	lat := make([][]time.Duration, b.o.workers)
+	var failed atomic.Value
+	var wg sync.WaitGroup
+	s0 := b.statements.Load()
+	start := time.Now()
+	for w := range b.o.workers {
+		wg.Go(func() {
+			for {
+				t0 := time.Now()
+				var id int64
+				err := b.pool.QueryRow(ctx, `UPDATE raw_tasks SET status = 'running', worker = $1, claimed_at = now()
+					WHERE id = (SELECT id FROM raw_tasks WHERE status = 'pending' ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
+					RETURNING id`, w).Scan(&id)
+				if err == pgx.ErrNoRows {
+					return
+				}
+				if err != nil {
+					failed.Store(err)
+					return
+				}
+				lat[w] = append(lat[w], time.Since(t0))
+				if _, err := b.pool.Exec(ctx, "UPDATE raw_tasks SET status = 'completed', completed_at = now() WHERE id = $1", id); err != nil {
+					failed.Store(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	r := result{elapsed: time.Since(start), claims: slices.Concat(lat...), statements: b.statements.Load() - s0}
+	if err, _ := failed.Load().(error); err != nil {
+		return result{}, err
+	}
+	r.tasks = len(r.claims)
+	if r.tasks != b.o.tasks {
+		return result{}, fmt.Errorf("raw loop processed %d tasks, want %d", r.tasks, b.o.tasks)
+	}
+	return r, nil
+}
+
+type counter struct{ n *atomic.Int64 }
+
+func (c counter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+
+func (counter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
 // prepare returns a database URL of its own: a temp SQLite file, or a fresh
 // schema in the given PostgreSQL.
