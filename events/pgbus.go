@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -24,6 +25,12 @@ type PGBus struct {
 	pool *pgxpool.Pool
 	node string
 	log  *slog.Logger
+
+	mon   Monitor
+	seqs  sequencer
+	track *seqTracker
+	// listenerPID is the backend of the LISTEN connection (tests).
+	listenerPID atomic.Uint32
 
 	mu     sync.Mutex
 	cancel context.CancelFunc
@@ -48,20 +55,11 @@ func NewPGBus(pool *pgxpool.Pool, node string, log *slog.Logger) *PGBus {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &PGBus{LocalBus: NewLocalBus(), pool: pool, node: node, log: log, ready: make(chan struct{})}
+	return &PGBus{LocalBus: NewLocalBus(), pool: pool, node: node, log: log, ready: make(chan struct{}), track: newSeqTracker(ReorderWindow)}
 }
 
-type wireBatch struct {
-	Node  string     `json:"n"`
-	Ref   int64      `json:"ref,omitempty"`
-	Items []wireItem `json:"e,omitempty"`
-}
-
-type wireItem struct {
-	Room    string          `json:"r"`
-	Name    string          `json:"t"`
-	Payload json.RawMessage `json:"p"`
-}
+// Monitor implements Monitored.
+func (b *PGBus) Monitor() *Monitor { return &b.mon }
 
 // Start creates the spill table if needed and starts listening. It returns
 // once the listener is subscribed (so nothing published afterwards by other
@@ -76,6 +74,7 @@ func (b *PGBus) Start(ctx context.Context) error {
 	b.done = make(chan struct{})
 	b.mu.Unlock()
 	go b.listen(lctx)
+	go expireLoop(lctx, b.track, &b.mon, b.log)
 	select {
 	case <-b.ready:
 		return nil
@@ -155,13 +154,9 @@ func (b *PGBus) Publish(ctx context.Context, ems []Emission) error {
 // table first (in its own short transaction: a spilled batch whose NOTIFY
 // never commits is only garbage, collected later) and referenced by id.
 func (b *PGBus) Notification(ctx context.Context, ems []Emission) (string, error) {
-	batch := wireBatch{Node: b.node, Items: make([]wireItem, len(ems))}
-	for i, e := range ems {
-		batch.Items[i] = wireItem{Room: e.Room, Name: e.Event.EventName(), Payload: e.Payload()}
-	}
-	msg, err := json.Marshal(batch)
+	msg, err := encodeBatch(b.node, b.seqs.next(), ems)
 	if err != nil {
-		return "", fmt.Errorf("encode event batch: %w", err)
+		return "", err
 	}
 	if len(msg) < maxNotify {
 		return string(msg), nil
@@ -217,8 +212,20 @@ func (b *PGBus) listen(ctx context.Context) {
 	defer close(b.done)
 	backoff := time.Second
 	var once sync.Once
+	first := true
+	subscribed := func() {
+		if !first {
+			// Whatever the other nodes published while this listener was
+			// away is lost: say so, so clients refetch.
+			b.track.reset()
+			b.log.Warn("event listener reconnected; emissions of other nodes may have been missed")
+			b.mon.gap(Gap{Reason: GapReconnect})
+		}
+		first = false
+		once.Do(func() { close(b.ready) })
+	}
 	for ctx.Err() == nil {
-		err := b.listenOnce(ctx, func() { once.Do(func() { close(b.ready) }) })
+		err := b.listenOnce(ctx, subscribed)
 		if ctx.Err() != nil {
 			return
 		}
@@ -241,6 +248,7 @@ func (b *PGBus) listenOnce(ctx context.Context, subscribed func()) error {
 	// it is never handed to another user, and close it when done.
 	conn := pooled.Hijack()
 	defer conn.Close(context.WithoutCancel(ctx))
+	b.listenerPID.Store(conn.PgConn().PID())
 	if _, err := conn.Exec(ctx, "LISTEN "+Channel); err != nil {
 		return err
 	}
@@ -276,16 +284,7 @@ func (b *PGBus) receive(ctx context.Context, payload string) {
 			return
 		}
 	}
-	ems := make([]Emission, 0, len(batch.Items))
-	for _, it := range batch.Items {
-		ev, err := Decode(it.Name, it.Payload)
-		if err != nil {
-			b.log.Warn("undecodable event", "err", err)
-			continue
-		}
-		ems = append(ems, Emission{Room: it.Room, Event: ev})
-	}
-	b.Deliver(ems)
+	receiveBatch(batch, b.LocalBus, b.track, &b.mon, b.log)
 }
 
 var _ TxBus = (*PGBus)(nil)
