@@ -5,9 +5,6 @@ import "time"
 // SchemaLockSQL exposes the schema lock statement to the tests.
 const SchemaLockSQL = schemaLockSQL
 
-// ListenerPID is the backend pid of the bus's LISTEN connection.
-func (b *PGBus) ListenerPID() uint32 { return b.listenerPID.Load() }
-
 // SetReorderWindow shortens a bus's reorder window for tests.
 func (b *NATSBus) SetReorderWindow(d time.Duration) { b.track.window = d }
 

@@ -61,6 +61,10 @@ func NewPGBus(pool *pgxpool.Pool, node string, log *slog.Logger) *PGBus {
 // Monitor implements Monitored.
 func (b *PGBus) Monitor() *Monitor { return &b.mon }
 
+// ListenerPID is the PostgreSQL backend pid of the LISTEN connection (0
+// before the first one): operators and tests can find, or end, it.
+func (b *PGBus) ListenerPID() uint32 { return b.listenerPID.Load() }
+
 // Start creates the spill table if needed and starts listening. It returns
 // once the listener is subscribed (so nothing published afterwards by other
 // nodes is missed) or ctx ends.

@@ -86,6 +86,11 @@ func New(cfg Config) *Service {
 		s.node = n
 	}
 	s.unsubbus = s.bus.Subscribe(s.watch.observe)
+	if m, ok := s.bus.(events.Monitored); ok {
+		// Changes of other nodes may have been missed: every task
+		// long-poll re-reads its row.
+		m.Monitor().OnGap(func(events.Gap) { s.watch.WakeAll() })
+	}
 	return s
 }
 

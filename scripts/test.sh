@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one test command (README, .ci/run). It prepares everything a fresh machine lacks:
 # a running PostgreSQL with a `test` database reachable on 127.0.0.1:5432, the Node
-# Socket.IO test client (npm ci), Debian's python3-socketio, then runs the Go suite with -race.
+# Socket.IO test client (npm ci), Debian's python3-socketio, a NATS server on 127.0.0.1:4222,
+# then runs the Go suite with -race.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -65,7 +66,27 @@ ensure_node_client() {
   fi
 }
 
+# NATS for the optional NATS event bus tests, on 127.0.0.1:4222.
+ensure_nats() {
+  if (exec 3<>/dev/tcp/127.0.0.1/4222) 2>/dev/null; then
+    return
+  fi
+  if [ ! -x /usr/sbin/nats-server ]; then
+    log "installing Debian's nats-server"
+    apt_install nats-server
+  fi
+  log "starting nats-server on 127.0.0.1:4222"
+  start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- -a 127.0.0.1 -p 4222
+  for _ in $(seq 1 40); do
+    (exec 3<>/dev/tcp/127.0.0.1/4222) 2>/dev/null && return
+    sleep 0.25
+  done
+  log "nats-server did not come up on 127.0.0.1:4222"
+  return 1
+}
+
 ensure_postgres
+ensure_nats
 ensure_python_client
 ensure_node_client
 

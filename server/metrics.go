@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/zndraw/joblib/events"
 	"github.com/zndraw/joblib/joblib"
 	"github.com/zndraw/joblib/models"
 )
@@ -29,6 +30,12 @@ type Metrics struct {
 	SweepDuration prometheus.Histogram
 	// SweeperLeader is 1 while this node is the sweeper.
 	SweeperLeader prometheus.Gauge
+	// BusGaps counts detected losses of other nodes' events, by reason
+	// (sequence, reconnect).
+	BusGaps *prometheus.CounterVec
+	// BusLag observes the delivery lag of batches received from other
+	// nodes (publisher's clock to receipt).
+	BusLag prometheus.Histogram
 }
 
 // NewMetrics creates the metrics, registers them (and a collector that
@@ -57,6 +64,20 @@ func NewMetrics(reg prometheus.Registerer, svc *joblib.Service) (*Metrics, error
 		SweeperLeader: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "joblib_sweeper_leader", Help: "1 while this node is the sweeper.",
 		}),
+		BusGaps: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "joblib_bus_gaps_total", Help: "Detected losses of other nodes' events, by reason (sequence, reconnect); UI rooms are told to refetch.",
+		}, []string{"reason"}),
+		BusLag: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "joblib_bus_lag_seconds", Help: "Delivery lag of event batches received from other nodes (publisher's clock to receipt).",
+			Buckets: []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5},
+		}),
+	}
+	for _, r := range events.GapReasons {
+		m.BusGaps.WithLabelValues(r)
+	}
+	if mon, ok := svc.Bus().(events.Monitored); ok {
+		mon.Monitor().OnGap(func(g events.Gap) { m.BusGaps.WithLabelValues(g.Reason).Inc() })
+		mon.Monitor().OnLag(func(d time.Duration) { m.BusLag.Observe(max(d, 0).Seconds()) })
 	}
 	for _, p := range joblib.Paths {
 		m.WorkersCleaned.WithLabelValues(p)
@@ -66,7 +87,7 @@ func NewMetrics(reg prometheus.Registerer, svc *joblib.Service) (*Metrics, error
 		m.Sweeps.WithLabelValues(o)
 	}
 	for _, c := range []prometheus.Collector{m.WorkersCleaned, m.DetectionLatency, m.FalsePositives, m.Sweeps,
-		m.SweepDuration, m.SweeperLeader, newStateCollector(svc.DB())} {
+		m.SweepDuration, m.SweeperLeader, m.BusGaps, m.BusLag, newStateCollector(svc.DB())} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register metrics: %w", err)
 		}

@@ -119,6 +119,9 @@ func (rt *Realtime) IO() *sio.Server { return rt.io }
 // Start subscribes to the bus and starts the keep-alive loop.
 func (rt *Realtime) Start() {
 	rt.unsub = rt.svc.Bus().Subscribe(rt.deliver)
+	if m, ok := rt.svc.Bus().(events.Monitored); ok {
+		m.Monitor().OnGap(func(events.Gap) { rt.invalidateAll() })
+	}
 	rt.wg.Go(rt.keepAlive)
 }
 
@@ -170,6 +173,29 @@ func (rt *Realtime) deliver(e events.Emission) {
 	if err := rt.io.EmitTo(e.Room, e.Event.EventName(), e.Payload()); err != nil {
 		rt.log.Error("deliver event", "event", e.Event.EventName(), "room", e.Room, "err", err)
 	}
+}
+
+// invalidateAll tells every UI room on this node to refetch: events of
+// other nodes were lost (a bus gap), so its job, provider and task views
+// may be stale.
+func (rt *Realtime) invalidateAll() {
+	rt.mu.Lock()
+	closed := rt.closed
+	rt.mu.Unlock()
+	if closed {
+		return
+	}
+	n := 0
+	for _, room := range rt.io.Rooms() {
+		if !strings.HasPrefix(room, "room:") {
+			continue
+		}
+		for _, ev := range []events.Event{events.JobsInvalidate{}, events.ProvidersInvalidate{}, events.TasksInvalidate{}} {
+			rt.deliver(events.Emission{Room: room, Event: ev})
+		}
+		n++
+	}
+	rt.log.Warn("event bus gap: UI rooms told to refetch", "rooms", n)
 }
 
 // connectError is a CONNECT refusal.

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -32,16 +33,37 @@ import (
 //     workers again, and its startup recovery touches nobody alive.
 //
 // Lease timeout 2 s and grace 1 s keep it short; the worker timeout is 60 s,
-// so only node loss (not the sweeper) can fail those tasks in time.
+// so only node loss (not the sweeper) can fail those tasks in time. It runs
+// with each event bus: PostgreSQL NOTIFY and NATS.
 func TestClusterThreeNodes(t *testing.T) {
 	t.Parallel()
-	joblibBinary(t) // built before the clock starts
+	joblibBinary(t)
+	for _, bus := range []string{"notify", "nats"} {
+		t.Run(bus, func(t *testing.T) {
+			t.Parallel()
+			var extra []string
+			if bus == "nats" {
+				extra = []string{"JOBLIB_BUS_URL=" + testNATSURL(), "JOBLIB_BUS_SUBJECT=joblib.test." + uuid.NewString()}
+			}
+			clusterThreeNodes(t, extra)
+		})
+	}
+}
+
+func testNATSURL() string {
+	if u := os.Getenv("JOBLIB_TEST_NATS_URL"); u != "" {
+		return u
+	}
+	return "nats://127.0.0.1:4222"
+}
+
+func clusterThreeNodes(t *testing.T, extraEnv []string) {
 	began := time.Now()
 	dbURL := dbtest.URL(t, models.Postgres)
 	token := "jl_cluster_" + uuid.NewString()
 	env := func(name string) []string {
-		return []string{"JOBLIB_DATABASE_URL=" + dbURL, "JOBLIB_ADMIN_TOKEN=" + token, "JOBLIB_NODE_ID=" + name,
-			"JOBLIB_NODE_LEASE_TIMEOUT=2s", "JOBLIB_DISCONNECT_GRACE=1s", "JOBLIB_SWEEPER_INTERVAL=1s", "JOBLIB_WORKER_TIMEOUT=60s"}
+		return append([]string{"JOBLIB_DATABASE_URL=" + dbURL, "JOBLIB_ADMIN_TOKEN=" + token, "JOBLIB_NODE_ID=" + name,
+			"JOBLIB_NODE_LEASE_TIMEOUT=2s", "JOBLIB_DISCONNECT_GRACE=1s", "JOBLIB_SWEEPER_INTERVAL=1s", "JOBLIB_WORKER_TIMEOUT=60s"}, extraEnv...)
 	}
 	names := []string{"a", "b", "c"}
 	nodes := map[string]*proc{}

@@ -33,7 +33,19 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 		return err
 	}
 	var bus events.Bus = events.NewLocalBus()
-	if db.Pool != nil {
+	switch {
+	case cfg.BusURL != "":
+		// NATS: events leave after commit on a subject the nodes share.
+		nb := events.NewNATSBus(cfg.BusURL, cfg.BusSubject, node.ID+"/"+node.Run, log.With("component", "events"))
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := nb.Start(sctx)
+		cancel()
+		if err != nil {
+			return err
+		}
+		defer nb.Stop()
+		bus = nb
+	case db.Pool != nil:
 		// PostgreSQL: several nodes may share the database; events reach
 		// the sockets and long-polls of every node.
 		pb := events.NewPGBus(db.Pool, node.ID+"/"+node.Run, log.With("component", "events"))

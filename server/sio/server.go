@@ -267,6 +267,17 @@ func (srv *Server) EmitTo(room, event string, args ...any) error {
 // RoomSize returns the number of sockets in room.
 func (srv *Server) RoomSize(room string) int { return srv.rooms.size(room) }
 
+// Rooms lists the rooms that have members on this server.
+func (srv *Server) Rooms() []string {
+	srv.rooms.mu.RLock()
+	defer srv.rooms.mu.RUnlock()
+	out := make([]string, 0, len(srv.rooms.m))
+	for r := range srv.rooms.m {
+		out = append(out, r)
+	}
+	return out
+}
+
 // NumSockets returns the number of connected sockets (OnConnect succeeded,
 // OnDisconnect not yet called).
 func (srv *Server) NumSockets() int { return int(srv.nsockets.Load()) }
