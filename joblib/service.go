@@ -30,6 +30,7 @@ type Service struct {
 	observers []CleanupObserver
 	runner    *internalRunner
 	cache     ResultCache
+	rates     rateLimits
 
 	node        Node
 	fpObservers []func(FalsePositive)
@@ -64,7 +65,7 @@ func New(cfg Config) *Service {
 	cfg.Settings.InternalWorkers = cmp.Or(cfg.Settings.InternalWorkers, def.InternalWorkers)
 	cfg.Settings.NodeLeaseTimeout = cmp.Or(cfg.Settings.NodeLeaseTimeout, def.NodeLeaseTimeout)
 	if cfg.ResultCache == nil {
-		cfg.ResultCache = DefaultResultCache(cfg.DB, cfg.Logger)
+		cfg.ResultCache = DefaultResultCache(cfg.DB, cfg.Logger, cfg.Settings.ResultCacheBudget())
 	}
 	s := &Service{
 		db:       cfg.DB,
@@ -75,6 +76,7 @@ func New(cfg Config) *Service {
 		draining: make(chan struct{}),
 		internal: map[string]InternalJob{},
 		cache:    cfg.ResultCache,
+		rates:    newRateLimits(cfg.Settings),
 	}
 	s.runner = newInternalRunner(s)
 	s.node = cfg.Node
@@ -130,14 +132,14 @@ func (s *Service) ResultCache() ResultCache { return s.cache }
 
 // DefaultResultCache picks the cache for a database: PostgreSQL's (shared by
 // every node) or, for SQLite and a nil db, one in this process's memory.
-func DefaultResultCache(db *models.DB, log *slog.Logger) ResultCache {
+func DefaultResultCache(db *models.DB, log *slog.Logger, budget ResultCacheBudget) ResultCache {
 	if db != nil && db.Dialect() == models.Postgres {
-		c, err := models.NewPGResultCache(db, models.PGResultCacheConfig{Logger: log.With("component", "resultcache")})
+		c, err := NewPGResultCache(db, PGResultCacheConfig{Logger: log.With("component", "resultcache"), Budget: budget})
 		if err == nil {
 			return c
 		}
 	}
-	return NewMemoryResultCache()
+	return NewMemoryResultCache(budget)
 }
 
 // DB is the database the service runs on.

@@ -3,10 +3,12 @@ package joblib
 import (
 	"context"
 	"encoding/json"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/zndraw/joblib/events"
+	"github.com/zndraw/joblib/internal/limits"
 	"github.com/zndraw/joblib/models"
 )
 
@@ -50,6 +52,15 @@ func (s *Service) SubmitTask(ctx context.Context, p Principal, room, fullName st
 		}
 		return Task{}, err
 	}
+	if err := allow(s.rates.submit, p, limits.SubmitRate, "task submissions"); err != nil {
+		return Task{}, err
+	}
+	if strings.HasPrefix(fullName, RoomInternal+":") {
+		if err := allow(s.rates.internal, p, limits.InternalRate, "@internal task submissions"); err != nil {
+			return Task{}, err
+		}
+	}
+	perUser := s.Settings().InternalQueuePerUser
 	var (
 		task     Task
 		internal InternalJob
@@ -71,7 +82,11 @@ func (s *Service) SubmitTask(ctx context.Context, p Principal, room, fullName st
 			// The server itself claims internal tasks; no worker ever sees them.
 			status = models.StatusClaimed
 			if !reserved {
-				reserved = s.runner.reserve()
+				var shareSpent bool
+				if reserved, shareSpent = s.runner.reserve(p.ID, perUser); shareSpent {
+					return limitErr(CodeRateLimited, limits.InternalQueueShare, time.Second,
+						"%d of your @internal tasks are already queued or running; submit more when they finish", perUser)
+				}
 			}
 		}
 		creator := p.ID
@@ -104,12 +119,12 @@ func (s *Service) SubmitTask(ctx context.Context, p Principal, room, fullName st
 	})
 	if err != nil {
 		if reserved {
-			s.runner.release()
+			s.runner.release(p.ID)
 		}
 		return Task{}, err
 	}
 	if reserved {
-		s.runner.submit(ctx, internalItem{job: internal, task: task})
+		s.runner.submit(ctx, internalItem{job: internal, task: task, user: p.ID})
 	}
 	return task, nil
 }

@@ -319,6 +319,19 @@ ALTER TABLE tasks ADD COLUMN result TEXT;
 `,
 	},
 	{
+		version: 10,
+		name:    "provider result cache budget",
+		// Sizes and last use let the cache evict least recently used
+		// results past its byte and entry budgets.
+		postgres: `
+ALTER TABLE provider_results ADD COLUMN size bigint NOT NULL DEFAULT 0;
+ALTER TABLE provider_results ADD COLUMN used_at timestamptz NOT NULL DEFAULT now();
+UPDATE provider_results SET size = length(body);
+CREATE INDEX provider_results_provider_used_idx ON provider_results (provider_id, used_at);
+`,
+		sqlite: "",
+	},
+	{
 		version: 50,
 		name:    "node leases and the event spill table",
 		// nodes holds one lease per running process (per run): renewed on

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -34,6 +35,7 @@ type env struct {
 	alice string
 	bob   string
 	rt    *server.Realtime
+	api   *server.Server
 }
 
 type setupOpts struct {
@@ -43,6 +45,7 @@ type setupOpts struct {
 	publicReads bool
 	realtime    *server.RealtimeConfig
 	bus         events.Bus
+	logger      *slog.Logger
 }
 
 // withBus uses bus instead of a fresh in-process bus.
@@ -89,7 +92,7 @@ func setupNoUsers(t testing.TB, db *models.DB, opts ...func(*setupOpts)) *env {
 	}
 	rec := &recorder{}
 	unsub := bus.Subscribe(rec.add)
-	svc := joblib.New(joblib.Config{DB: db, Bus: bus, Settings: st})
+	svc := joblib.New(joblib.Config{DB: db, Bus: bus, Settings: st, Logger: o.logger})
 	if o.beforeStart != nil {
 		o.beforeStart(svc)
 	}
@@ -101,7 +104,7 @@ func setupNoUsers(t testing.TB, db *models.DB, opts ...func(*setupOpts)) *env {
 		cfg = *o.serverCfg
 	}
 	cfg.PublicReads = cfg.PublicReads || o.publicReads
-	api := server.New(svc, cfg, nil)
+	api := server.New(svc, cfg, o.logger)
 	var rt *server.Realtime
 	if o.realtime != nil {
 		rt = api.NewRealtime(*o.realtime, nil)
@@ -121,7 +124,7 @@ func setupNoUsers(t testing.TB, db *models.DB, opts ...func(*setupOpts)) *env {
 		unsub()
 		svc.Close()
 	})
-	return &env{t: t, db: db, svc: svc, bus: bus, rec: rec, srv: srv, url: srv.URL, rt: rt}
+	return &env{t: t, db: db, svc: svc, bus: bus, rec: rec, srv: srv, url: srv.URL, rt: rt, api: api}
 }
 
 func withSettings(f func(*joblib.Settings)) func(*setupOpts) {

@@ -13,13 +13,13 @@ import (
 	"github.com/zndraw/joblib/joblib"
 )
 
-func (s *Server) routesProviders() {
+func (s *Server) routesProviders(list, write func(http.HandlerFunc) http.HandlerFunc) {
 	m := s.mux
-	m.HandleFunc("PUT "+prefix+"/rooms/{room}/providers", s.registerProvider)
-	m.HandleFunc("GET "+prefix+"/rooms/{room}/providers", s.read(s.listProviders))
+	m.HandleFunc("PUT "+prefix+"/rooms/{room}/providers", write(s.registerProvider))
+	m.HandleFunc("GET "+prefix+"/rooms/{room}/providers", list(s.listProviders))
 	m.HandleFunc("GET "+prefix+"/rooms/{room}/providers/{name...}", s.providerInfoOrRead)
-	m.HandleFunc("DELETE "+prefix+"/providers/{id}", s.deleteProvider)
-	m.HandleFunc("POST "+prefix+"/providers/{id}/results", s.uploadProviderResult)
+	m.HandleFunc("DELETE "+prefix+"/providers/{id}", write(s.deleteProvider))
+	m.HandleFunc("POST "+prefix+"/providers/{id}/results", write(s.uploadProviderResult))
 }
 
 type registerProviderBody struct {
@@ -63,7 +63,7 @@ func (s *Server) registerProvider(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) listProviders(w http.ResponseWriter, r *http.Request) {
-	pg, ok := pageParams(w, r)
+	pg, ok := s.pageParams(w, r)
 	if !ok {
 		return
 	}
@@ -89,7 +89,7 @@ func (s *Server) providerInfoOrRead(w http.ResponseWriter, r *http.Request) {
 // readProvider answers a provider read with the provider's bytes, or 504
 // ProviderTimeout with Retry-After: 2 when none arrived in time.
 func (s *Server) readProvider(w http.ResponseWriter, r *http.Request) {
-	room, _, ok := s.roomThenPrincipal(w, r)
+	room, p, ok := s.roomThenPrincipal(w, r)
 	if !ok {
 		return
 	}
@@ -102,7 +102,7 @@ func (s *Server) readProvider(w http.ResponseWriter, r *http.Request) {
 	if d, ok := parsePreferWait(r.Header.Get("Prefer")); ok {
 		wait = &d
 	}
-	out, err := s.svc.ReadProvider(r.Context(), room, r.PathValue("name"), params, wait)
+	out, err := s.svc.ReadProviderAs(r.Context(), p, room, r.PathValue("name"), params, wait)
 	if err != nil {
 		if joblib.IsCode(err, joblib.CodeProviderTimeout) {
 			w.Header().Set("Retry-After", "2")

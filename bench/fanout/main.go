@@ -58,6 +58,7 @@ type options struct {
 	timeout  time.Duration
 	dialers  int
 	cpuprof  string
+	memprof  string
 	role     string
 	url      string
 }
@@ -72,6 +73,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.DurationVar(&o.timeout, "timeout", 3*time.Minute, "hard limit for the whole run")
 	fs.IntVar(&o.dialers, "dialers", 64, "parallel dials")
 	fs.StringVar(&o.cpuprof, "cpuprofile", "", "write a CPU profile of the server during the broadcast phase")
+	fs.StringVar(&o.memprof, "memprofile", "", "write a heap profile of the server with the idle connections")
 	fs.StringVar(&o.role, "role", "server", "server (parent) or clients (child, internal)")
 	fs.StringVar(&o.url, "url", "", "server URL (child only)")
 	if err := fs.Parse(args); err != nil {
@@ -143,7 +145,7 @@ type clientReport struct {
 }
 
 func runServer(ctx context.Context, o options, stdout io.Writer) error {
-	srv := sio.New(sio.Config{Logger: slog.New(slog.DiscardHandler)}, joinHandler{})
+	srv := sio.New(sio.Config{Logger: slog.New(slog.DiscardHandler), MaxSessionsPerAddr: 1 << 20}, joinHandler{})
 	mux := http.NewServeMux()
 	mux.Handle("/socket.io/", srv)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -200,6 +202,18 @@ func runServer(ctx context.Context, o options, stdout io.Writer) error {
 		return err
 	}
 	goroutinesAfter := runtime.NumGoroutine()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	if o.memprof != "" {
+		f, err := os.Create(o.memprof)
+		if err != nil {
+			return fmt.Errorf("create profile: %w", err)
+		}
+		if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
+			return fmt.Errorf("write heap profile: %w", err)
+		}
+		f.Close()
+	}
 
 	// Phase 2: broadcast timestamped events.
 	if o.cpuprof != "" {
@@ -241,6 +255,8 @@ func runServer(ctx context.Context, o options, stdout io.Writer) error {
 	fmt.Fprintf(stdout, "  slowest EmitTo call: %v\n", slowestEmit)
 	fmt.Fprintf(stdout, "  server RSS: %.1f MiB before, %.1f MiB with idle connections: %.1f KiB per connection\n",
 		float64(rssBefore)/(1<<20), float64(rssAfter)/(1<<20), perConn/1024)
+	fmt.Fprintf(stdout, "  server heap in use %.1f KiB, stacks %.1f KiB per connection\n",
+		float64(ms.HeapInuse)/float64(o.conns)/1024, float64(ms.StackInuse)/float64(o.conns)/1024)
 	fmt.Fprintf(stdout, "  server goroutines: %d before, %d with connections (%.2f per connection)\n",
 		goroutinesBefore, goroutinesAfter, float64(goroutinesAfter-goroutinesBefore)/float64(o.conns))
 	if rep.Received != rep.Expected {

@@ -80,6 +80,12 @@ func (c Config) validate() error {
 			return fmt.Errorf("JOBLIB_BUS_SUBJECT must be a plain NATS subject, got %q", c.BusSubject)
 		}
 	}
+	if c.Server.MaxJSONDepth < 1 || c.Server.MaxListOffset < 1 {
+		return fmt.Errorf("JOBLIB_MAX_JSON_DEPTH must be positive and JOBLIB_MAX_LIST_OFFSET positive, got %d and %d", c.Server.MaxJSONDepth, c.Server.MaxListOffset)
+	}
+	if c.Server.ReadDBTimeout < 0 || c.Server.WriteDBTimeout < 0 {
+		return errors.New("JOBLIB_READ_DB_TIMEOUT and JOBLIB_WRITE_DB_TIMEOUT must not be negative")
+	}
 	if c.DatabaseURL == "" {
 		return errors.New("JOBLIB_DATABASE_URL must not be empty")
 	}

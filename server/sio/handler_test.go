@@ -203,7 +203,7 @@ func startServer(t *testing.T, cfg Config, h *testHandler) *testServer {
 		if err := srv.Shutdown(ctx); err != nil {
 			t.Errorf("Shutdown: %v", err)
 		}
-		if n := srv.tr.count(); n != 0 {
+		if n := srv.goroutines(); n != 0 {
 			t.Errorf("%d server goroutines left after Shutdown", n)
 		}
 		hs.Close()
