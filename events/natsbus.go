@@ -144,7 +144,7 @@ func (b *NATSBus) Publish(ctx context.Context, ems []Emission) error {
 	b.pubMu.Lock()
 	defer b.pubMu.Unlock()
 	b.seq++
-	msg, err := encodeBatch(b.node, b.seq, ems)
+	msg, err := encodeBatch(b.node, "", b.seq, ems)
 	if err != nil {
 		return err
 	}

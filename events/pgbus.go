@@ -29,6 +29,8 @@ type PGBus struct {
 	mon   Monitor
 	seqs  sequencer
 	track *seqTracker
+	// scope is the schema this deployment lives in (see wireBatch.Scope).
+	scope string
 	// listenerPID is the backend of the LISTEN connection (tests).
 	listenerPID atomic.Uint32
 
@@ -69,6 +71,9 @@ func (b *PGBus) ListenerPID() uint32 { return b.listenerPID.Load() }
 // once the listener is subscribed (so nothing published afterwards by other
 // nodes is missed) or ctx ends.
 func (b *PGBus) Start(ctx context.Context) error {
+	if err := b.pool.QueryRow(ctx, "SELECT current_schema()").Scan(&b.scope); err != nil {
+		return fmt.Errorf("read the bus scope: %w", err)
+	}
 	if err := b.ensureSpill(ctx); err != nil {
 		return err
 	}
@@ -158,7 +163,7 @@ func (b *PGBus) Publish(ctx context.Context, ems []Emission) error {
 // table first (in its own short transaction: a spilled batch whose NOTIFY
 // never commits is only garbage, collected later) and referenced by id.
 func (b *PGBus) Notification(ctx context.Context, ems []Emission) (string, error) {
-	msg, err := encodeBatch(b.node, b.seqs.next(), ems)
+	msg, err := encodeBatch(b.node, b.scope, b.seqs.next(), ems)
 	if err != nil {
 		return "", err
 	}
@@ -172,7 +177,7 @@ func (b *PGBus) Notification(ctx context.Context, ems []Emission) (string, error
 		return "", fmt.Errorf("spill event batch: %w", err)
 	}
 	b.gcSpill(ctx)
-	msg, _ = json.Marshal(wireBatch{Node: b.node, Ref: id})
+	msg, _ = json.Marshal(wireBatch{Node: b.node, Scope: b.scope, Ref: id})
 	return string(msg), nil
 }
 
@@ -182,10 +187,11 @@ func (b *PGBus) Notification(ctx context.Context, ems []Emission) (string, error
 // reach maxNotify must use Notification instead.
 func (b *PGBus) Frame(eventName string) NotifyFrame {
 	node, _ := json.Marshal(b.node)
+	scope, _ := json.Marshal(b.scope)
 	name, _ := json.Marshal(eventName)
 	return NotifyFrame{
 		Channel: Channel,
-		Prefix:  `{"n":` + string(node) + `,"e":[{"r":`,
+		Prefix:  `{"n":` + string(node) + `,"d":` + string(scope) + `,"e":[{"r":`,
 		Middle:  `,"t":` + string(name) + `,"p":`,
 		Suffix:  `}]}`,
 	}
@@ -272,7 +278,7 @@ func (b *PGBus) receive(ctx context.Context, payload string) {
 		b.log.Warn("undecodable event batch", "err", err)
 		return
 	}
-	if batch.Node == b.node {
+	if batch.Node == b.node || batch.Scope != b.scope {
 		return
 	}
 	if batch.Ref != 0 {

@@ -196,3 +196,41 @@ func TestPGBusReportsListenerReconnect(t *testing.T) {
 	}
 	onB.wait(t, 1)
 }
+
+// TestPGBusScopedBySchema: NOTIFY channels are database-wide; deployments in
+// different schemas of one database do not receive each other's events.
+func TestPGBusScopedBySchema(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	open := func(url, node string) *events.PGBus {
+		db, err := models.Open(ctx, url, models.OpenOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { db.Close() })
+		b := events.NewPGBus(db.Pool, node, nil)
+		if err := b.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(b.Stop)
+		return b
+	}
+	one, two := dbtest.URL(t, models.Postgres), dbtest.URL(t, models.Postgres)
+	a, same, other := open(one, "sc-a"), open(one, "sc-same"), open(two, "sc-other")
+	onSame, onOther := newCollector(), newCollector()
+	same.Subscribe(onSame.add)
+	other.Subscribe(onOther.add)
+	big := strings.Repeat("y", 9000) // spilled, too
+	for _, ev := range []events.Event{events.JobsInvalidate{}, events.TaskStatusEvent{ID: "t", Status: "failed", Error: &big}} {
+		if err := a.Publish(ctx, []events.Emission{{Room: events.Room("scoped"), Event: ev}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	onSame.wait(t, 2)
+	time.Sleep(200 * time.Millisecond)
+	onOther.mu.Lock()
+	defer onOther.mu.Unlock()
+	if len(onOther.got) != 0 {
+		t.Fatalf("a deployment in another schema received %d emissions", len(onOther.got))
+	}
+}

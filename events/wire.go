@@ -17,7 +17,12 @@ const ReorderWindow = 2 * time.Second
 // (0 for batches built by SQL statements, which are not numbered), the
 // publisher's clock in Unix microseconds (lag), and the emissions.
 type wireBatch struct {
-	Node  string     `json:"n"`
+	Node string `json:"n"`
+	// Scope is the deployment (the PostgreSQL schema): NOTIFY channels are
+	// database-wide, so deployments sharing a database in different schemas
+	// hear each other's batches and drop those of other scopes (all nodes
+	// of a deployment must send it: batches without one are dropped).
+	Scope string     `json:"d,omitempty"`
 	Ref   int64      `json:"ref,omitempty"`
 	Seq   uint64     `json:"s,omitempty"`
 	At    int64      `json:"at,omitempty"`
@@ -30,8 +35,8 @@ type wireItem struct {
 	Payload json.RawMessage `json:"p"`
 }
 
-func encodeBatch(node string, seq uint64, ems []Emission) ([]byte, error) {
-	batch := wireBatch{Node: node, Seq: seq, At: time.Now().UnixMicro(), Items: make([]wireItem, len(ems))}
+func encodeBatch(node, scope string, seq uint64, ems []Emission) ([]byte, error) {
+	batch := wireBatch{Node: node, Scope: scope, Seq: seq, At: time.Now().UnixMicro(), Items: make([]wireItem, len(ems))}
 	for i, e := range ems {
 		batch.Items[i] = wireItem{Room: e.Room, Name: e.Event.EventName(), Payload: e.Payload()}
 	}
