@@ -175,3 +175,11 @@ func SocketCollector(rt *Realtime) prometheus.Collector {
 		Name: "joblib_socket_connections", Help: "Open Socket.IO connections on this node.",
 	}, func() float64 { return float64(rt.io.NumSockets()) })
 }
+
+// ForwardCollector counts the socket requests (polling, upgrades) this node
+// forwarded to the node that holds their session.
+func ForwardCollector(rt *Realtime) prometheus.Collector {
+	return prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "joblib_socket_forwarded_total", Help: "Socket.IO requests forwarded to the node holding their session (load balancers without stickiness).",
+	}, func() float64 { return float64(rt.Forwarded()) })
+}

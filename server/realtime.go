@@ -63,6 +63,7 @@ type Realtime struct {
 	cfg         RealtimeConfig
 	log         *slog.Logger
 	io          *sio.Server
+	fwd         *forwarder
 
 	mu     sync.Mutex
 	bound  map[uuid.UUID]*sio.Socket // worker -> its socket on this node
@@ -106,12 +107,18 @@ func (s *Server) NewRealtime(cfg RealtimeConfig, log *slog.Logger) *Realtime {
 		SendQueue:      cfg.SendQueue,
 		OriginPatterns: cfg.AllowedOrigins,
 		Logger:         log,
+		SessionID:      nodeSessionID(s.svc.Node().Run),
 	}, rt)
+	rt.fwd = newForwarder(s.svc, func(sid string) bool { return rt.io.Engine().Lookup(sid) != nil }, rt.io, log)
 	return rt
 }
 
-// ServeHTTP serves /socket.io/.
-func (rt *Realtime) ServeHTTP(w http.ResponseWriter, r *http.Request) { rt.io.ServeHTTP(w, r) }
+// ServeHTTP serves /socket.io/. Requests for sessions of other nodes are
+// forwarded to them.
+func (rt *Realtime) ServeHTTP(w http.ResponseWriter, r *http.Request) { rt.fwd.ServeHTTP(w, r) }
+
+// Forwarded is the number of socket requests forwarded to other nodes.
+func (rt *Realtime) Forwarded() int64 { return rt.fwd.forwarded.Load() }
 
 // IO exposes the Socket.IO server (room sizes, socket counts).
 func (rt *Realtime) IO() *sio.Server { return rt.io }

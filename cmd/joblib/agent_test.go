@@ -205,3 +205,35 @@ func (a *agent) received(sock string) []agentEvent {
 	}
 	return out
 }
+
+// emitN sends n acknowledged events one after the other and returns the
+// milliseconds they took.
+func (a *agent) emitN(sock, event string, payload any, n int) float64 {
+	a.t.Helper()
+	res, err := a.do(map[string]any{"op": "emitn", "sock": sock, "event": event, "payload": payload, "n": n})
+	if err != nil {
+		a.t.Fatalf("%s %d x %s: %v", sock, n, event, err)
+	}
+	var ms float64
+	_ = json.Unmarshal(res, &ms)
+	return ms
+}
+
+// transport is the Engine.IO transport a socket uses now.
+func (a *agent) transport(sock string) string {
+	a.t.Helper()
+	res, err := a.do(map[string]any{"op": "transport", "sock": sock})
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	var tr string
+	_ = json.Unmarshal(res, &tr)
+	return tr
+}
+
+func (a *agent) close(sock string) {
+	a.t.Helper()
+	if _, err := a.do(map[string]any{"op": "close", "sock": sock}); err != nil {
+		a.t.Fatal(err)
+	}
+}

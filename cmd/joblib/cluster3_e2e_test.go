@@ -4,10 +4,14 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -94,6 +98,22 @@ func clusterThreeNodes(t *testing.T, extraEnv []string) {
 		ag.connect("ui-"+n, sio(n), token)
 		ag.emit("ui-"+n, "join_room", map[string]any{"room_id": room})
 	}
+	// Two more UIs reach the nodes through a round-robin balancer without
+	// stickiness: one polling only, one polling then upgrading to websocket.
+	rr := roundRobin(t, nodes[L].addr, nodes[N].addr, nodes[S].addr)
+	ag.connect("ui-rr-poll", rr, token, "polling")
+	ag.connect("ui-rr", rr, token)
+	for _, ui := range []string{"ui-rr-poll", "ui-rr"} {
+		ag.emit(ui, "join_room", map[string]any{"room_id": room})
+	}
+	// The forwarding hop: acknowledged emits of a polling client through the
+	// balancer (two of three requests forwarded) against one proxied to a
+	// single node (none forwarded).
+	sticky := roundRobin(t, nodes[S].addr)
+	ag.connect("ui-sticky-poll", sticky, token, "polling")
+	const hops = 30
+	viaRR, viaSticky := ag.emitN("ui-rr-poll", "join_room", map[string]any{"room_id": room}, hops),
+		ag.emitN("ui-sticky-poll", "join_room", map[string]any{"room_id": room}, hops)
 	// Workers: one per node, plus a second on N that will move to S.
 	newWorker := func(via string) string {
 		t.Helper()
@@ -161,10 +181,16 @@ func clusterThreeNodes(t *testing.T, extraEnv []string) {
 	if t.Failed() {
 		t.FailNow()
 	}
-	for _, ui := range []string{"ui-" + L, "ui-" + N, "ui-" + S} {
+	for _, ui := range []string{"ui-" + L, "ui-" + N, "ui-" + S, "ui-rr-poll", "ui-rr"} {
 		for _, id := range burstTasks {
 			ag.waitFor(ui+" completed "+id, 10*time.Second, statusIs(ui, id, "completed"))
 		}
+	}
+	if tr := ag.transport("ui-rr"); tr != "websocket" {
+		t.Fatalf("the UI behind the round-robin balancer did not upgrade: %s", tr)
+	}
+	for _, ui := range []string{"ui-rr-poll", "ui-rr", "ui-sticky-poll"} {
+		ag.close(ui)
 	}
 
 	// claimRunning claims a task for worker sock through node via and starts it.
@@ -271,6 +297,15 @@ func clusterThreeNodes(t *testing.T, extraEnv []string) {
 	exactly("ui-"+N, burstTasks)
 	exactly("ui-"+L, burstTasks)
 	exactly("ui2-"+N, []string{last})
+	exactly("ui-rr-poll", burstTasks)
+	exactly("ui-rr", burstTasks)
+	for _, ui := range []string{"ui-rr-poll", "ui-rr"} {
+		for _, e := range ag.received(ui) {
+			if e.Event == "$disconnect" && e.Reason != "io client disconnect" {
+				t.Errorf("%s behind the round-robin balancer was disconnected: %s", ui, e.Reason)
+			}
+		}
+	}
 	for sock := range workers {
 		seen := map[string]int{}
 		for _, e := range ag.received(sock) {
@@ -308,9 +343,9 @@ func clusterThreeNodes(t *testing.T, extraEnv []string) {
 			t.Errorf("cleanup of %s: %+v", sock, es)
 		}
 	}
-	t.Logf("timings: 3 nodes started together on an empty database in %s; node SIGKILLed -> task failed in %s; leader SIGKILLed -> task failed in %s; restart to listening %s; whole test %s",
+	t.Logf("timings: 3 nodes started together on an empty database in %s; node SIGKILLed -> task failed in %s; leader SIGKILLed -> task failed in %s; restart to listening %s; polling emit+ack through a round-robin balancer %.2f ms vs one node %.2f ms (%.2fx); whole test %s",
 		startedIn.Round(time.Millisecond), nodeLossTook.Round(time.Millisecond), leaderLossTook.Round(time.Millisecond),
-		restartTook.Round(time.Millisecond), time.Since(began).Round(time.Millisecond))
+		restartTook.Round(time.Millisecond), viaRR/hops, viaSticky/hops, viaRR/viaSticky, time.Since(began).Round(time.Millisecond))
 }
 
 func statusIs(sock, id, status string) func(agentEvent) bool {
@@ -373,4 +408,22 @@ func waitLog(t *testing.T, p *proc, msg string, timeout time.Duration) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// roundRobin is a load balancer without stickiness for the test: every
+// request (polling GETs and POSTs, websocket upgrades) goes to the next
+// backend in turn. It returns its URL.
+func roundRobin(t *testing.T, backends ...string) string {
+	t.Helper()
+	var n atomic.Uint64
+	proxy := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			b := backends[(n.Add(1)-1)%uint64(len(backends))]
+			pr.SetURL(&url.URL{Scheme: "http", Host: b})
+		},
+		FlushInterval: -1,
+	}
+	srv := httptest.NewServer(proxy)
+	t.Cleanup(srv.Close)
+	return srv.URL
 }

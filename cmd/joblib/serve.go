@@ -97,7 +97,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	rt := srv.NewRealtime(cfg.Realtime, log.With("component", "socketio"))
 	srv.Handle("/socket.io/", rt)
 	rt.Start()
-	reg.MustRegister(server.SocketCollector(rt))
+	reg.MustRegister(server.SocketCollector(rt), server.ForwardCollector(rt))
 	srv.Handle("GET /metrics", server.MetricsHandler(reg))
 	ln, err := net.Listen("tcp", cfg.Server.ListenAddr)
 	if err != nil {

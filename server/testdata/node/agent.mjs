@@ -31,6 +31,17 @@ async function handle(cmd) {
       if (!socket) throw new Error("no socket " + cmd.sock);
       return await socket.timeout(cmd.timeout ?? 5000).emitWithAck(cmd.event, cmd.payload);
     }
+    case "emitn": {
+      // n acknowledged emits one after the other; returns the milliseconds taken.
+      const socket = sockets.get(cmd.sock);
+      if (!socket) throw new Error("no socket " + cmd.sock);
+      const start = performance.now();
+      for (let i = 0; i < cmd.n; i++) {
+        const ack = await socket.timeout(cmd.timeout ?? 5000).emitWithAck(cmd.event, cmd.payload);
+        if (!ack || ack.ok !== true) throw new Error("ack " + JSON.stringify(ack));
+      }
+      return performance.now() - start;
+    }
     case "close": {
       const socket = sockets.get(cmd.sock);
       if (socket) socket.close();
