@@ -125,3 +125,47 @@ func TestNodeLeaseLifecycle(t *testing.T) {
 		}
 	})
 }
+
+// The lease service renews its row, notices when another node took it away
+// (OnLost, then a new lease), and ends it at once on Stop.
+func TestLeaseServiceRenewsAndNoticesLoss(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		b := setup(t, db)
+		lost := make(chan struct{}, 1)
+		l := b.svc.NewLease(joblib.LeaseConfig{Addr: "10.1.1.1:8080", Timeout: 300 * time.Millisecond, OnLost: func() {
+			select {
+			case lost <- struct{}{}:
+			default:
+			}
+		}})
+		b.must(l.Start(b.ctx))
+		run := b.svc.Node().Run
+		q := db.Q(b.ctx)
+		time.Sleep(600 * time.Millisecond) // two timeouts: only renewals keep it live
+		if n, err := q.LiveNode(run); err != nil || n.Addr != "10.1.1.1:8080" {
+			t.Fatalf("lease after two timeouts: %+v %v", n, err)
+		}
+		// Another node judged this one dead and removed its lease.
+		b.must(q.DeleteNodeLease(run))
+		select {
+		case <-lost:
+		case <-time.After(5 * time.Second):
+			t.Fatal("the lease service did not notice its lease was taken away")
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			if _, err := q.LiveNode(run); err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("no new lease after the loss")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		l.Stop()
+		if _, err := q.LiveNode(run); err == nil {
+			t.Fatal("lease still live after Stop")
+		}
+	})
+}

@@ -116,3 +116,11 @@ func (q *Q) LiveNode(run string) (NodeLease, error) {
 	}
 	return out[0], nil
 }
+
+// DeleteNodeLease removes a node run's lease row whatever its state.
+func (q *Q) DeleteNodeLease(run string) error {
+	if err := q.g.Exec("DELETE FROM nodes WHERE run = ?", run).Error; err != nil {
+		return fmt.Errorf("delete node lease: %w", mapErr(err))
+	}
+	return nil
+}
