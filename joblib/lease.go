@@ -128,7 +128,9 @@ func (s *Service) ReapLostNodes(ctx context.Context, grace time.Duration) (NodeR
 	}
 	batch := s.Settings().SweepBatchSize
 	for _, n := range nodes {
-		p := CleanupParams{Path: PathNode, Fence: models.CleanupFence{LostRun: n.Run, LostGrace: grace, SkipLocked: true}}
+		// Not SkipLocked: the lease row goes after this loop, so every
+		// worker of the run must be seen (row locks are short).
+		p := CleanupParams{Path: PathNode, Fence: models.CleanupFence{LostRun: n.Run, LostGrace: grace}}
 		var res CleanupResult
 		for {
 			r, err := s.cleanupMatching(ctx, p, batch)
