@@ -343,6 +343,7 @@ func clusterThreeNodes(t *testing.T, extraEnv []string) {
 			t.Errorf("cleanup of %s: %+v", sock, es)
 		}
 	}
+	t.Logf("bus gaps seen by the surviving node: %s", metricLines(t, nodes[S], "joblib_bus_gaps_total{"))
 	t.Logf("timings: 3 nodes started together on an empty database in %s; node SIGKILLed -> task failed in %s; leader SIGKILLed -> task failed in %s; restart to listening %s; polling emit+ack through a round-robin balancer %.2f ms vs one node %.2f ms (%.2fx); whole test %s",
 		startedIn.Round(time.Millisecond), nodeLossTook.Round(time.Millisecond), leaderLossTook.Round(time.Millisecond),
 		restartTook.Round(time.Millisecond), viaRR/hops, viaSticky/hops, viaRR/viaSticky, time.Since(began).Round(time.Millisecond))
@@ -426,4 +427,22 @@ func roundRobin(t *testing.T, backends ...string) string {
 	srv := httptest.NewServer(proxy)
 	t.Cleanup(srv.Close)
 	return srv.URL
+}
+
+// metricLines returns the node's metric lines that start with prefix.
+func metricLines(t *testing.T, p *proc, prefix string) string {
+	t.Helper()
+	res, err := http.Get("http://" + p.addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	body, _ := io.ReadAll(res.Body)
+	var out []string
+	for _, l := range strings.Split(string(body), "\n") {
+		if strings.HasPrefix(l, prefix) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "; ")
 }
