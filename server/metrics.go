@@ -132,6 +132,7 @@ type stateCollector struct {
 	db      *models.DB
 	workers *prometheus.Desc
 	tasks   *prometheus.Desc
+	nodes   *prometheus.Desc
 }
 
 func newStateCollector(db *models.DB) *stateCollector {
@@ -139,12 +140,14 @@ func newStateCollector(db *models.DB) *stateCollector {
 		db:      db,
 		workers: prometheus.NewDesc("joblib_workers", "Registered (live) workers.", nil, nil),
 		tasks:   prometheus.NewDesc("joblib_tasks", "Tasks by status.", []string{"status"}, nil),
+		nodes:   prometheus.NewDesc("joblib_nodes", "Node leases by state: live, or lapsed and not yet released.", []string{"state"}, nil),
 	}
 }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.workers
 	ch <- c.tasks
+	ch <- c.nodes
 }
 
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
@@ -156,6 +159,18 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.NewInvalidMetric(c.workers, err)
 	} else {
 		ch <- prometheus.MustNewConstMetric(c.workers, prometheus.GaugeValue, float64(total))
+	}
+	if nodes, err := q.ListNodes(); err != nil {
+		ch <- prometheus.NewInvalidMetric(c.nodes, err)
+	} else {
+		var live float64
+		for _, n := range nodes {
+			if n.Live {
+				live++
+			}
+		}
+		ch <- prometheus.MustNewConstMetric(c.nodes, prometheus.GaugeValue, live, "live")
+		ch <- prometheus.MustNewConstMetric(c.nodes, prometheus.GaugeValue, float64(len(nodes))-live, "lapsed")
 	}
 	counts, err := q.CountTasksByStatus()
 	if err != nil {

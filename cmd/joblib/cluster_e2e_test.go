@@ -92,4 +92,7 @@ func TestServeNodeIdentity(t *testing.T) {
 			t.Fatalf("no lease advertises %s: %+v", p.addr, nodes)
 		}
 	}
+	if got := metricLines(t, a, "joblib_nodes{"); got != `joblib_nodes{state="lapsed"} 0; joblib_nodes{state="live"} 3` {
+		t.Fatalf("node metrics: %s", got)
+	}
 }
