@@ -36,6 +36,16 @@ type Config struct {
 	LogFormat string `env:"LOG_FORMAT" envDefault:"text"`
 	// ShutdownTimeout bounds the drain of in-flight requests on SIGTERM/SIGINT.
 	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"30s"`
+	// NodeAddr is the host:port other nodes reach this one at (advertised
+	// in its lease). Default: the listen address, with this host's name for
+	// an unspecified host.
+	NodeAddr string `env:"NODE_ADDR"`
+	// BusURL selects the event bus between nodes: empty means PostgreSQL
+	// NOTIFY (on PostgreSQL; in-process on SQLite), nats://host:port a NATS
+	// server (several servers comma-separated).
+	BusURL string `env:"BUS_URL"`
+	// BusSubject is the NATS subject the nodes of one deployment share.
+	BusSubject string `env:"BUS_SUBJECT" envDefault:"joblib.events"`
 
 	Server   server.Config
 	Realtime server.RealtimeConfig
@@ -80,6 +90,16 @@ func (c Config) validate() error {
 	}
 	if c.Server.MaxBodyBytes <= 0 {
 		return fmt.Errorf("JOBLIB_MAX_BODY_BYTES must be positive, got %d", c.Server.MaxBodyBytes)
+	}
+	if c.BusURL != "" {
+		for _, u := range strings.Split(c.BusURL, ",") {
+			if u = strings.TrimSpace(u); !strings.HasPrefix(u, "nats://") && !strings.HasPrefix(u, "tls://") {
+				return fmt.Errorf("JOBLIB_BUS_URL must be nats://host:port (or tls://), got %q", u)
+			}
+		}
+		if c.BusSubject == "" || strings.ContainsAny(c.BusSubject, " \t*>") {
+			return fmt.Errorf("JOBLIB_BUS_SUBJECT must be a plain NATS subject, got %q", c.BusSubject)
+		}
 	}
 	if c.Server.MaxJSONDepth < 1 || c.Server.MaxListOffset < 1 {
 		return fmt.Errorf("JOBLIB_MAX_JSON_DEPTH must be positive and JOBLIB_MAX_LIST_OFFSET positive, got %d and %d", c.Server.MaxJSONDepth, c.Server.MaxListOffset)
