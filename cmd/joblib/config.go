@@ -144,14 +144,23 @@ var otherVariables = []string{"JOBLIB_TEST_DATABASE_URL"}
 
 // knownVariables lists every JOBLIB_ variable joblib reads.
 func knownVariables() []string {
-	vars := map[string]string{}
-	collectEnvNames(reflect.TypeOf(Config{}), vars)
+	// Every field's variable, also where two structs name a field alike
+	// (the REST and the socket JSON depth budgets are both MaxJSONDepth).
 	out := append([]string(nil), otherVariables...)
-	for _, v := range vars {
-		out = append(out, v)
+	var walk func(t reflect.Type)
+	walk = func(t reflect.Type) {
+		for i := range t.NumField() {
+			f := t.Field(i)
+			if tag := f.Tag.Get("env"); tag != "" {
+				out = append(out, envPrefix+strings.Split(tag, ",")[0])
+			} else if f.Type.Kind() == reflect.Struct && f.Type != reflect.TypeOf(time.Time{}) {
+				walk(f.Type)
+			}
+		}
 	}
+	walk(reflect.TypeOf(Config{}))
 	slices.Sort(out)
-	return out
+	return slices.Compact(out)
 }
 
 // unknownVariables warns about JOBLIB_ variables joblib does not read (a

@@ -251,6 +251,10 @@ func bootstrapAuth(ctx context.Context, cfg Config, svc *joblib.Service) (string
 	return tok, nil
 }
 
+// nodeLockPatience is how long a starting process waits for its node id's
+// lock before refusing to start.
+const nodeLockPatience = 3 * time.Second
+
 // recoverNode takes the node lock and runs startup recovery: it cleans the
 // workers whose sockets an earlier run of this node held. It waits one
 // disconnect grace window first, so that workers whose sockets reconnect to
@@ -264,9 +268,23 @@ func bootstrapAuth(ctx context.Context, cfg Config, svc *joblib.Service) (string
 func recoverNode(ctx context.Context, db *models.DB, svc *joblib.Service, grace time.Duration, log *slog.Logger) (stop func(), err error) {
 	node := svc.Node()
 	lock := db.NewSessionLock("node:" + node.ID)
-	held, err := lock.Hold(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("lock node id %q: %w", node.ID, err)
+	// A process restarted right after its predecessor was killed can find
+	// the dead process's database session not yet ended (the server notices
+	// the closed connection a moment later): try for a few seconds before
+	// calling the id taken.
+	var held bool
+	for deadline := time.Now().Add(nodeLockPatience); ; {
+		if held, err = lock.Hold(ctx); err != nil {
+			return nil, fmt.Errorf("lock node id %q: %w", node.ID, err)
+		}
+		if held || time.Now().After(deadline) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
 	}
 	if !held {
 		return nil, fmt.Errorf("node id %q is held by another running process: give each process its own JOBLIB_NODE_ID (or leave it unset for a unique one)", node.ID)
