@@ -3,6 +3,7 @@ package joblib
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Code identifies a client-facing failure. Its string is the problem type slug
@@ -25,6 +26,12 @@ const (
 	CodeValidation               Code = "validation-error"
 	CodePayloadTooLarge          Code = "payload-too-large"
 	CodeUnauthorized             Code = "unauthorized"
+	// CodeRateLimited: a per-user rate or share budget is spent (429 with
+	// Retry-After).
+	CodeRateLimited Code = "rate-limited"
+	// CodeStatementTimeout: the request's database work ran past its time
+	// budget and was cancelled (503 with Retry-After).
+	CodeStatementTimeout Code = "statement-timeout"
 	// CodePolicyConflict: a job's worker-loss policy differs from the one its
 	// creator set, and the caller may not change it.
 	CodePolicyConflict Code = "policy-conflict"
@@ -38,6 +45,11 @@ const (
 type Error struct {
 	Code   Code
 	Detail string
+	// Limit names the budget a rejection enforced (the `limit` label of
+	// joblib_limit_rejections_total); empty for other failures.
+	Limit string
+	// RetryAfter, when positive, is when the client may try again.
+	RetryAfter time.Duration
 }
 
 func (e *Error) Error() string { return string(e.Code) + ": " + e.Detail }
@@ -57,4 +69,10 @@ func AsError(err error) (*Error, bool) {
 func IsCode(err error, code Code) bool {
 	e, ok := AsError(err)
 	return ok && e.Code == code
+}
+
+// limitErr is a budget rejection: code and detail for the client, the
+// budget's name for the metric.
+func limitErr(code Code, limit string, retryAfter time.Duration, format string, args ...any) *Error {
+	return &Error{Code: code, Detail: fmt.Sprintf(format, args...), Limit: limit, RetryAfter: retryAfter}
 }

@@ -120,15 +120,19 @@ type internalRunner struct {
 	accepting bool
 	reserved  int // tasks queued or running, plus reservations not yet submitted
 	capacity  int
+	perUser   map[uuid.UUID]int // reserved, by submitter
 	queue     chan internalItem
 }
 
 type internalItem struct {
 	job  InternalJob
 	task Task
+	user uuid.UUID
 }
 
-func newInternalRunner(s *Service) *internalRunner { return &internalRunner{svc: s} }
+func newInternalRunner(s *Service) *internalRunner {
+	return &internalRunner{svc: s, perUser: map[uuid.UUID]int{}}
+}
 
 // Start runs the executor's workers.
 func (r *internalRunner) Start(ctx context.Context) error {
@@ -152,7 +156,7 @@ func (r *internalRunner) Start(ctx context.Context) error {
 					return
 				case it := <-queue:
 					r.run(sctx, it)
-					r.release()
+					r.release(it.user)
 				}
 			}
 		})
@@ -175,27 +179,36 @@ func (r *internalRunner) Stop() {
 		select {
 		case it := <-queue:
 			r.svc.finishInternal(context.Background(), it.task.ID, models.StatusClaimed, models.StatusFailed, nil, ErrInternalStopped)
-			r.release()
+			r.release(it.user)
 		default:
 			return
 		}
 	}
 }
 
-// reserve takes a slot for a task about to be submitted.
-func (r *internalRunner) reserve() bool {
+// reserve takes a slot for a task user is about to submit. It reports
+// shareSpent (and takes nothing) when user already holds perUser slots
+// (0: no per-user share), so that one user cannot fill the executor.
+func (r *internalRunner) reserve(user uuid.UUID, perUser int) (ok, shareSpent bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if perUser > 0 && r.perUser[user] >= perUser {
+		return false, true
+	}
 	if !r.accepting || r.reserved >= r.capacity {
-		return false
+		return false, false
 	}
 	r.reserved++
-	return true
+	r.perUser[user]++
+	return true, false
 }
 
-func (r *internalRunner) release() {
+func (r *internalRunner) release(user uuid.UUID) {
 	r.mu.Lock()
 	r.reserved--
+	if r.perUser[user]--; r.perUser[user] <= 0 {
+		delete(r.perUser, user)
+	}
 	r.mu.Unlock()
 }
 
@@ -209,7 +222,7 @@ func (r *internalRunner) submit(ctx context.Context, it internalItem) {
 		return
 	}
 	r.mu.Unlock()
-	r.release()
+	r.release(it.user)
 	// The executor stopped while the submission committed.
 	r.svc.finishInternal(ctx, it.task.ID, models.StatusClaimed, models.StatusFailed, nil, ErrInternalStopped)
 }

@@ -151,7 +151,14 @@ func (s *Service) RegisterJob(ctx context.Context, p Principal, room string, r R
 	return job, created, err
 }
 
+// MaxAttemptsLimit is the largest max_attempts a job may set (the column
+// is a 32-bit integer; no policy needs more).
+const MaxAttemptsLimit = 1000
+
 func jobPolicy(onLoss string, attempts int) (string, int, error) {
+	if attempts > MaxAttemptsLimit {
+		return "", 0, errf(CodeValidation, "max_attempts must be at most %d", MaxAttemptsLimit)
+	}
 	switch onLoss {
 	case "", OnWorkerLossFail:
 		if attempts < 0 {

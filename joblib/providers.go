@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/zndraw/joblib/events"
+	"github.com/zndraw/joblib/internal/limits"
 	"github.com/zndraw/joblib/models"
 )
 
@@ -223,6 +224,14 @@ type ProviderRead struct {
 // wait is nil, ProviderLongPollDefault. Nothing in time is a ProviderTimeout
 // error. No database connection is held while waiting.
 func (s *Service) ReadProvider(ctx context.Context, room, fullName string, params map[string]string, wait *time.Duration) (ProviderRead, error) {
+	return s.ReadProviderAs(ctx, Principal{Superuser: true}, room, fullName, params, wait)
+}
+
+// ReadProviderAs is ReadProvider for the caller p: a read that would
+// dispatch a provider_request spends a token of p's ProviderDispatchRate
+// bucket (superusers are not limited); past it the read answers 429 and
+// nothing is dispatched.
+func (s *Service) ReadProviderAs(ctx context.Context, p Principal, room, fullName string, params map[string]string, wait *time.Duration) (ProviderRead, error) {
 	if err := ValidateRoomID(room); err != nil {
 		return ProviderRead{}, err
 	}
@@ -247,7 +256,7 @@ func (s *Service) ReadProvider(ctx context.Context, room, fullName string, param
 		out.Body, out.Cached, out.Waited = body, true, false
 		return out, nil
 	}
-	if err := s.dispatchRead(ctx, prov, k, canonical, st.ProviderInflightTTL); err != nil {
+	if err := s.dispatchRead(ctx, p, prov, k, canonical, st.ProviderInflightTTL); err != nil {
 		return ProviderRead{}, err
 	}
 	body, ok, err = s.cache.Wait(ctx, k, out.Timeout)
@@ -265,7 +274,7 @@ func (s *Service) ReadProvider(ctx context.Context, room, fullName string, param
 // dispatch for the same key is in flight. The result is re-checked after the
 // lock is taken: an upload that landed between the first look and the lock
 // (it stores before it releases) needs no dispatch.
-func (s *Service) dispatchRead(ctx context.Context, prov models.Provider, k ResultKey, canonical string, ttl time.Duration) error {
+func (s *Service) dispatchRead(ctx context.Context, p Principal, prov models.Provider, k ResultKey, canonical string, ttl time.Duration) error {
 	acquired, err := s.cache.AcquireInflight(ctx, k, ttl)
 	if err != nil || !acquired {
 		return err
@@ -273,6 +282,12 @@ func (s *Service) dispatchRead(ctx context.Context, prov models.Provider, k Resu
 	if _, ok, err := s.cache.Get(ctx, k); err != nil || ok {
 		if ok {
 			err = s.cache.ReleaseInflight(ctx, k)
+		}
+		return err
+	}
+	if err := allow(s.rates.dispatch, p, limits.ProviderDispatchRate, "provider reads that dispatch to a provider"); err != nil {
+		if rerr := s.cache.ReleaseInflight(ctx, k); rerr != nil {
+			return rerr
 		}
 		return err
 	}
@@ -328,7 +343,7 @@ func (s *Service) UploadProviderResult(ctx context.Context, p Principal, id uuid
 		return errf(CodeValidation, "could not read the result body: %v", err)
 	}
 	if int64(len(data)) > st.ProviderMaxResultBytes {
-		return errf(CodePayloadTooLarge, "provider result exceeds %d bytes", st.ProviderMaxResultBytes)
+		return limitErr(CodePayloadTooLarge, limits.ProviderResultBytes, 0, "provider result exceeds %d bytes", st.ProviderMaxResultBytes)
 	}
 	k := ResultKey{ProviderID: prov.ID, Hash: hash}
 	// Store before release: a reader that takes the lock after the release

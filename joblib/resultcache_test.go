@@ -21,13 +21,13 @@ type waitingCache interface {
 func eachCache(t *testing.T, fn func(t *testing.T, c waitingCache)) {
 	t.Run("memory", func(t *testing.T) {
 		t.Parallel()
-		c := NewMemoryResultCache()
+		c := NewMemoryResultCache(ResultCacheBudget{})
 		startCache(t, c)
 		fn(t, c)
 	})
 	t.Run("postgres", func(t *testing.T) {
 		t.Parallel()
-		c, err := models.NewPGResultCache(dbtest.Open(t, models.Postgres), models.PGResultCacheConfig{})
+		c, err := NewPGResultCache(dbtest.Open(t, models.Postgres), PGResultCacheConfig{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -215,7 +215,7 @@ func TestResultCachePurgeProvider(t *testing.T) {
 func TestPGResultCacheWakesAcrossNodes(t *testing.T) {
 	t.Parallel()
 	url := dbtest.URL(t, models.Postgres)
-	open := func() *models.PGResultCache {
+	open := func() *PGResultCache {
 		db, err := models.Open(t.Context(), url, models.OpenOptions{})
 		if err != nil {
 			t.Fatal(err)
@@ -224,7 +224,7 @@ func TestPGResultCacheWakesAcrossNodes(t *testing.T) {
 		if _, err := db.Migrate(t.Context()); err != nil {
 			t.Fatal(err)
 		}
-		c, err := models.NewPGResultCache(db, models.PGResultCacheConfig{})
+		c, err := NewPGResultCache(db, PGResultCacheConfig{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -265,7 +265,7 @@ func TestPGResultCacheWakesAcrossNodes(t *testing.T) {
 func TestPGResultCacheDeleteExpired(t *testing.T) {
 	t.Parallel()
 	db := dbtest.Open(t, models.Postgres)
-	c, err := models.NewPGResultCache(db, models.PGResultCacheConfig{})
+	c, err := NewPGResultCache(db, PGResultCacheConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -296,7 +296,7 @@ func TestPGResultCacheDeleteExpired(t *testing.T) {
 
 func TestMemoryResultCacheDeleteExpired(t *testing.T) {
 	t.Parallel()
-	c := NewMemoryResultCache()
+	c := NewMemoryResultCache(ResultCacheBudget{})
 	now := time.Now()
 	c.now = func() time.Time { return now }
 	ctx := t.Context()

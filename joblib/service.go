@@ -30,6 +30,7 @@ type Service struct {
 	observers []CleanupObserver
 	runner    *internalRunner
 	cache     ResultCache
+	rates     rateLimits
 
 	node        Node
 	fpObservers []func(FalsePositive)
@@ -67,8 +68,9 @@ func New(cfg Config) *Service {
 	cfg.Settings.ProviderMaxResultBytes = cmp.Or(cfg.Settings.ProviderMaxResultBytes, def.ProviderMaxResultBytes)
 	cfg.Settings.InternalWorkers = cmp.Or(cfg.Settings.InternalWorkers, def.InternalWorkers)
 	cfg.Settings.TaskRetentionBatch = cmp.Or(cfg.Settings.TaskRetentionBatch, def.TaskRetentionBatch)
+	cfg.Settings.NodeLeaseTimeout = cmp.Or(cfg.Settings.NodeLeaseTimeout, def.NodeLeaseTimeout)
 	if cfg.ResultCache == nil {
-		cfg.ResultCache = DefaultResultCache(cfg.DB, cfg.Logger)
+		cfg.ResultCache = DefaultResultCache(cfg.DB, cfg.Logger, cfg.Settings.ResultCacheBudget())
 	}
 	s := &Service{
 		db:       cfg.DB,
@@ -79,6 +81,7 @@ func New(cfg Config) *Service {
 		draining: make(chan struct{}),
 		internal: map[string]InternalJob{},
 		cache:    cfg.ResultCache,
+		rates:    newRateLimits(cfg.Settings),
 	}
 	s.runner = newInternalRunner(s)
 	s.node = cfg.Node
@@ -90,6 +93,11 @@ func New(cfg Config) *Service {
 		s.node = n
 	}
 	s.unsubbus = s.bus.Subscribe(s.watch.observe)
+	if m, ok := s.bus.(events.Monitored); ok {
+		// Changes of other nodes may have been missed: every task
+		// long-poll re-reads its row.
+		m.Monitor().OnGap(func(events.Gap) { s.watch.WakeAll() })
+	}
 	return s
 }
 
@@ -129,14 +137,14 @@ func (s *Service) ResultCache() ResultCache { return s.cache }
 
 // DefaultResultCache picks the cache for a database: PostgreSQL's (shared by
 // every node) or, for SQLite and a nil db, one in this process's memory.
-func DefaultResultCache(db *models.DB, log *slog.Logger) ResultCache {
+func DefaultResultCache(db *models.DB, log *slog.Logger, budget ResultCacheBudget) ResultCache {
 	if db != nil && db.Dialect() == models.Postgres {
-		c, err := models.NewPGResultCache(db, models.PGResultCacheConfig{Logger: log.With("component", "resultcache")})
+		c, err := NewPGResultCache(db, PGResultCacheConfig{Logger: log.With("component", "resultcache"), Budget: budget})
 		if err == nil {
 			return c
 		}
 	}
-	return NewMemoryResultCache()
+	return NewMemoryResultCache(budget)
 }
 
 // DB is the database the service runs on.

@@ -39,6 +39,33 @@ type Settings struct {
 	// ProviderMaxResultBytes caps one uploaded provider result; a larger
 	// upload answers 413 and stores nothing.
 	ProviderMaxResultBytes int64 `env:"PROVIDER_MAX_RESULT_BYTES" envDefault:"16777216"`
+	// ProviderCacheBytes caps the provider result cache's total size; a
+	// store past it evicts the least recently used results.
+	ProviderCacheBytes int64 `env:"PROVIDER_CACHE_BYTES" envDefault:"134217728"`
+	// ProviderCacheEntries caps the number of cached provider results.
+	ProviderCacheEntries int64 `env:"PROVIDER_CACHE_ENTRIES" envDefault:"10000"`
+	// ProviderCacheShare is the fraction of both caps one provider may hold;
+	// its own least recently used results are evicted first, and a single
+	// result larger than its share answers 413.
+	ProviderCacheShare float64 `env:"PROVIDER_CACHE_SHARE" envDefault:"0.25"`
+	// SubmitRate is how many tasks per second one user may submit (token
+	// bucket of SubmitBurst, per node); past it a submission answers 429
+	// with Retry-After. Superusers are not limited. 0 disables it.
+	SubmitRate  float64 `env:"SUBMIT_RATE" envDefault:"100"`
+	SubmitBurst int     `env:"SUBMIT_BURST" envDefault:"1000"`
+	// ProviderDispatchRate is how many provider reads per second one user may
+	// make that dispatch a provider_request (cache misses not already in
+	// flight); past it 429. Superusers are not limited. 0 disables it.
+	ProviderDispatchRate  float64 `env:"PROVIDER_DISPATCH_RATE" envDefault:"20"`
+	ProviderDispatchBurst int     `env:"PROVIDER_DISPATCH_BURST" envDefault:"200"`
+	// InternalRate is how many @internal tasks per second one user may
+	// submit; past it 429. Superusers are not limited. 0 disables it.
+	InternalRate  float64 `env:"INTERNAL_RATE" envDefault:"5"`
+	InternalBurst int     `env:"INTERNAL_BURST" envDefault:"32"`
+	// InternalQueuePerUser is how many @internal tasks of one user may be
+	// queued or running at once, so that one user cannot fill the executor
+	// and make another's submission fail; past it 429, nothing stored.
+	InternalQueuePerUser int `env:"INTERNAL_QUEUE_PER_USER" envDefault:"64"`
 	// TaskMaxResultBytes caps the `result` a worker reports with a task's
 	// completion (PATCH /tasks/{id}); a larger one answers 413 and changes
 	// nothing.
@@ -51,10 +78,16 @@ type Settings struct {
 	InternalQueue int `env:"INTERNAL_QUEUE" envDefault:"256"`
 
 	// NodeID names this process among the nodes sharing a database; workers
-	// whose socket it holds are bound to it. Empty means the hostname. Read
-	// once at start. Two running processes must not share one: on
-	// PostgreSQL the second refuses to start.
+	// whose socket it holds are bound to it. Empty means the hostname plus a
+	// random part, unique per process. Read once at start. Two running
+	// processes never share one: a process whose JOBLIB_NODE_ID another live
+	// process holds refuses to start.
 	NodeID string `env:"NODE_ID"`
+	// NodeLeaseTimeout: each node renews a lease row (database clock) every
+	// third of this; when a node's lease lapses, the sweeper leader treats
+	// every socket it held as closed at that moment (the disconnect grace
+	// starts, then CleanupWorker with path node).
+	NodeLeaseTimeout time.Duration `env:"NODE_LEASE_TIMEOUT" envDefault:"10s"`
 	// SweepBatchSize is how many stale workers one sweep transaction cleans
 	// (1..1000); a sweep runs batches until none is left.
 	SweepBatchSize int `env:"SWEEP_BATCH_SIZE" envDefault:"500"`
@@ -107,9 +140,20 @@ func DefaultSettings() Settings {
 		ProviderLongPollDefault: 5 * time.Second,
 		ProviderLongPollMax:     30 * time.Second,
 		ProviderMaxResultBytes:  16 << 20,
+		ProviderCacheBytes:      128 << 20,
+		ProviderCacheEntries:    10000,
+		ProviderCacheShare:      0.25,
+		SubmitRate:              100,
+		SubmitBurst:             1000,
+		ProviderDispatchRate:    20,
+		ProviderDispatchBurst:   200,
+		InternalRate:            5,
+		InternalBurst:           32,
+		InternalQueuePerUser:    64,
 		TaskMaxResultBytes:      1 << 20,
 		InternalWorkers:         4,
 		InternalQueue:           256,
+		NodeLeaseTimeout:        10 * time.Second,
 		SweepBatchSize:          500,
 		SweepCapMinWorkers:      10,
 		AuditRetention:          720 * time.Hour,
@@ -127,7 +171,7 @@ func (s Settings) Validate() error {
 	for name, d := range map[string]time.Duration{
 		"JOBLIB_WORKER_TIMEOUT": s.WorkerTimeout, "JOBLIB_SWEEPER_INTERVAL": s.SweeperInterval,
 		"JOBLIB_INTERNAL_TASK_TIMEOUT": s.InternalTaskTimeout, "JOBLIB_PROVIDER_RESULT_TTL": s.ProviderResultTTL,
-		"JOBLIB_PROVIDER_INFLIGHT_TTL": s.ProviderInflightTTL,
+		"JOBLIB_PROVIDER_INFLIGHT_TTL": s.ProviderInflightTTL, "JOBLIB_NODE_LEASE_TIMEOUT": s.NodeLeaseTimeout,
 	} {
 		if d <= 0 {
 			return fmt.Errorf("%s must be positive, got %s", name, d)
@@ -144,11 +188,20 @@ func (s Settings) Validate() error {
 	if s.ProviderMaxResultBytes <= 0 {
 		return fmt.Errorf("JOBLIB_PROVIDER_MAX_RESULT_BYTES must be positive, got %d", s.ProviderMaxResultBytes)
 	}
+	if s.ProviderCacheBytes <= 0 || s.ProviderCacheEntries <= 0 {
+		return fmt.Errorf("JOBLIB_PROVIDER_CACHE_BYTES and JOBLIB_PROVIDER_CACHE_ENTRIES must be positive, got %d and %d", s.ProviderCacheBytes, s.ProviderCacheEntries)
+	}
+	if s.ProviderCacheShare <= 0 || s.ProviderCacheShare > 1 {
+		return fmt.Errorf("JOBLIB_PROVIDER_CACHE_SHARE must be above 0 and at most 1, got %g", s.ProviderCacheShare)
+	}
 	if s.TaskMaxResultBytes <= 0 {
 		return fmt.Errorf("JOBLIB_TASK_MAX_RESULT_BYTES must be positive, got %d", s.TaskMaxResultBytes)
 	}
 	if s.InternalWorkers <= 0 {
 		return fmt.Errorf("JOBLIB_INTERNAL_WORKERS must be positive, got %d", s.InternalWorkers)
+	}
+	if s.SubmitRate < 0 || s.ProviderDispatchRate < 0 || s.InternalRate < 0 || s.InternalQueuePerUser < 0 {
+		return fmt.Errorf("JOBLIB_SUBMIT_RATE, JOBLIB_PROVIDER_DISPATCH_RATE, JOBLIB_INTERNAL_RATE and JOBLIB_INTERNAL_QUEUE_PER_USER must not be negative")
 	}
 	if s.InternalQueue < 0 {
 		return fmt.Errorf("JOBLIB_INTERNAL_QUEUE must not be negative, got %d", s.InternalQueue)
@@ -181,6 +234,11 @@ func (s Settings) Validate() error {
 		return fmt.Errorf("JOBLIB_ALLOWED_CATEGORIES must name at least one category")
 	}
 	return nil
+}
+
+// ResultCacheBudget is the provider result cache's budget.
+func (s Settings) ResultCacheBudget() ResultCacheBudget {
+	return ResultCacheBudget{MaxBytes: s.ProviderCacheBytes, MaxEntries: s.ProviderCacheEntries, ProviderShare: s.ProviderCacheShare}
 }
 
 // List is a list of names read from the environment either as a comma

@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/zndraw/joblib/events"
+	"github.com/zndraw/joblib/internal/limits"
 	"github.com/zndraw/joblib/models"
 )
 
@@ -51,9 +53,18 @@ func (s *Service) SubmitTask(ctx context.Context, p Principal, room, fullName st
 		}
 		return Task{}, err
 	}
+	if err := allow(s.rates.submit, p, limits.SubmitRate, "task submissions"); err != nil {
+		return Task{}, err
+	}
+	if strings.HasPrefix(fullName, RoomInternal+":") {
+		if err := allow(s.rates.internal, p, limits.InternalRate, "@internal task submissions"); err != nil {
+			return Task{}, err
+		}
+	}
 	if t, ok, err := s.submitHot(ctx, p, room, fullName, body); err != nil || ok {
 		return t, err
 	}
+	perUser := s.Settings().InternalQueuePerUser
 	var (
 		task     Task
 		internal InternalJob
@@ -80,7 +91,11 @@ func (s *Service) SubmitTask(ctx context.Context, p Principal, room, fullName st
 			// The server itself claims internal tasks; no worker ever sees them.
 			status = models.StatusClaimed
 			if !reserved {
-				reserved = s.runner.reserve()
+				var shareSpent bool
+				if reserved, shareSpent = s.runner.reserve(p.ID, perUser); shareSpent {
+					return limitErr(CodeRateLimited, limits.InternalQueueShare, time.Second,
+						"%d of your @internal tasks are already queued or running; submit more when they finish", perUser)
+				}
 			}
 		}
 		creator := p.ID
@@ -113,12 +128,12 @@ func (s *Service) SubmitTask(ctx context.Context, p Principal, room, fullName st
 	})
 	if err != nil {
 		if reserved {
-			s.runner.release()
+			s.runner.release(p.ID)
 		}
 		return Task{}, err
 	}
 	if reserved {
-		s.runner.submit(ctx, internalItem{job: internal, task: task})
+		s.runner.submit(ctx, internalItem{job: internal, task: task, user: p.ID})
 	}
 	return task, nil
 }

@@ -17,7 +17,6 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
-	"gorm.io/gorm/logger"
 )
 
 // Dialect names the database family behind a DB.
@@ -87,12 +86,8 @@ func Open(ctx context.Context, rawURL string, opts OpenOptions) (*DB, error) {
 	}
 	gcfg := &gorm.Config{
 		TranslateError: true,
-		Logger: logger.NewSlogLogger(log, logger.Config{
-			SlowThreshold:             time.Second,
-			IgnoreRecordNotFoundError: true,
-			LogLevel:                  logger.Warn,
-		}),
-		NowFunc: func() time.Time { return time.Now().UTC() },
+		Logger:         newGormLogger(log, time.Second),
+		NowFunc:        func() time.Time { return time.Now().UTC() },
 	}
 	if dialect == Postgres {
 		pcfg, err := pgxpool.ParseConfig(rawURL)
@@ -233,14 +228,25 @@ var (
 	ErrNotFound = errors.New("not found")
 	// ErrConflict means a unique or foreign-key constraint rejected the write.
 	ErrConflict = errors.New("conflict")
+	// ErrInvalidData means the database refused a value the client sent
+	// (out of range, not representable).
+	ErrInvalidData = errors.New("invalid data")
+	// ErrTimeout means the statement ran past its time budget (the
+	// request's deadline or PostgreSQL's statement_timeout) and was
+	// cancelled.
+	ErrTimeout = errors.New("statement timeout")
 )
 
 func mapErr(err error) error {
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, ErrNotFound), errors.Is(err, ErrConflict):
+	case errors.Is(err, ErrNotFound), errors.Is(err, ErrConflict), errors.Is(err, ErrInvalidData), errors.Is(err, ErrTimeout):
 		return err
+	case isInvalidData(err):
+		return fmt.Errorf("%w: %w", ErrInvalidData, err)
+	case isStatementTimeout(err):
+		return fmt.Errorf("%w: %w", ErrTimeout, err)
 	case errors.Is(err, gorm.ErrRecordNotFound):
 		return fmt.Errorf("%w: %w", ErrNotFound, err)
 	case errors.Is(err, gorm.ErrDuplicatedKey), errors.Is(err, gorm.ErrForeignKeyViolated):

@@ -13,6 +13,11 @@ type migration struct {
 	name     string
 	postgres string
 	sqlite   string
+	// pgStatements and sqliteStatements, when set, are run as given after
+	// the split DDL (for statements that contain semicolons: function and
+	// trigger bodies).
+	pgStatements     []string
+	sqliteStatements []string
 }
 
 // migrations are applied in order and never edited once released: a change is
@@ -319,6 +324,75 @@ ALTER TABLE tasks ADD COLUMN result TEXT;
 `,
 	},
 	{
+		version: 10,
+		name:    "provider result cache budget",
+		// Sizes and last use let the cache evict least recently used
+		// results past its byte and entry budgets.
+		postgres: `
+ALTER TABLE provider_results ADD COLUMN size bigint NOT NULL DEFAULT 0;
+ALTER TABLE provider_results ADD COLUMN used_at timestamptz NOT NULL DEFAULT now();
+UPDATE provider_results SET size = length(body);
+CREATE INDEX provider_results_provider_used_idx ON provider_results (provider_id, used_at);
+`,
+		sqlite: "",
+	},
+	{
+		version: 11,
+		name:    "task counts kept incrementally",
+		// joblib_tasks{status} is read from task_counts, not by counting
+		// tasks: a scrape costs the same at a thousand tasks or a million.
+		// Triggers keep the counts. On PostgreSQL a status change appends
+		// a delta row (no row every writer updates, so concurrent claims do
+		// not queue on a counter) and readers fold the deltas into the
+		// counts first; SQLite has one writer and updates the counts.
+		postgres: `
+CREATE TABLE task_counts (
+	status text PRIMARY KEY,
+	n      bigint NOT NULL DEFAULT 0
+);
+CREATE TABLE task_count_deltas (
+	status text NOT NULL,
+	d      integer NOT NULL
+);
+LOCK TABLE tasks IN SHARE MODE;
+INSERT INTO task_counts (status, n) SELECT status, count(*) FROM tasks GROUP BY status
+`,
+		pgStatements: []string{`
+CREATE FUNCTION task_counts_track() RETURNS trigger LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+BEGIN
+	IF TG_OP = 'INSERT' THEN
+		INSERT INTO task_count_deltas (status, d) VALUES (NEW.status, 1);
+	ELSIF TG_OP = 'DELETE' THEN
+		INSERT INTO task_count_deltas (status, d) VALUES (OLD.status, -1);
+	ELSE
+		INSERT INTO task_count_deltas (status, d) VALUES (OLD.status, -1), (NEW.status, 1);
+	END IF;
+	RETURN NULL;
+END $$`,
+			`CREATE TRIGGER tasks_count_insdel AFTER INSERT OR DELETE ON tasks FOR EACH ROW EXECUTE FUNCTION task_counts_track()`,
+			`CREATE TRIGGER tasks_count_upd AFTER UPDATE OF status ON tasks FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status) EXECUTE FUNCTION task_counts_track()`,
+		},
+		sqlite: `
+CREATE TABLE task_counts (
+	status TEXT PRIMARY KEY,
+	n      INTEGER NOT NULL DEFAULT 0
+);
+INSERT INTO task_counts (status, n) SELECT status, count(*) FROM tasks GROUP BY status
+`,
+		sqliteStatements: []string{
+			`CREATE TRIGGER tasks_count_ins AFTER INSERT ON tasks BEGIN
+	INSERT INTO task_counts (status, n) VALUES (NEW.status, 1) ON CONFLICT (status) DO UPDATE SET n = n + 1;
+END`,
+			`CREATE TRIGGER tasks_count_del AFTER DELETE ON tasks BEGIN
+	UPDATE task_counts SET n = n - 1 WHERE status = OLD.status;
+END`,
+			`CREATE TRIGGER tasks_count_upd AFTER UPDATE OF status ON tasks WHEN OLD.status IS NOT NEW.status BEGIN
+	UPDATE task_counts SET n = n - 1 WHERE status = OLD.status;
+	INSERT INTO task_counts (status, n) VALUES (NEW.status, 1) ON CONFLICT (status) DO UPDATE SET n = n + 1;
+END`,
+		},
+	},
+	{
 		version: 20,
 		name:    "credentials: token expiry and revocation, job creators, quota indexes",
 		postgres: `
@@ -339,6 +413,42 @@ CREATE INDEX providers_user_idx ON providers (user_id);
 `,
 	},
 	{
+		version: 50,
+		name:    "node leases and the event spill table",
+		// nodes holds one lease per running process (per run): renewed on
+		// the database clock, it lapses when the process dies, and a
+		// surviving node then releases the sockets it held. The spill table
+		// was created by the PostgreSQL bus at start before; it is part of
+		// the schema now (IF NOT EXISTS keeps older databases valid).
+		postgres: `
+CREATE TABLE nodes (
+	run        text PRIMARY KEY,
+	node_id    text NOT NULL,
+	addr       text NOT NULL DEFAULT '',
+	started_at timestamptz NOT NULL DEFAULT now(),
+	renewed_at timestamptz NOT NULL DEFAULT now(),
+	expires_at timestamptz NOT NULL
+);
+CREATE INDEX nodes_node_idx ON nodes (node_id);
+CREATE INDEX nodes_expiry_idx ON nodes (expires_at);
+CREATE UNLOGGED TABLE IF NOT EXISTS joblib_event_spill (
+	id bigserial PRIMARY KEY, payload text NOT NULL, created_at timestamptz NOT NULL DEFAULT now()
+);
+`,
+		sqlite: `
+CREATE TABLE nodes (
+	run        TEXT PRIMARY KEY,
+	node_id    TEXT NOT NULL,
+	addr       TEXT NOT NULL DEFAULT '',
+	started_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ','now')),
+	renewed_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ','now')),
+	expires_at TEXT NOT NULL
+);
+CREATE INDEX nodes_node_idx ON nodes (node_id);
+CREATE INDEX nodes_expiry_idx ON nodes (expires_at);
+`,
+	},
+	{
 		version: 60,
 		name:    "task retention index",
 		// Retention deletes finished tasks by (status, completed_at) in
@@ -356,15 +466,34 @@ DROP INDEX IF EXISTS tasks_status_idx;
 	},
 }
 
+// SchemaLockSQL takes the transaction-scoped advisory lock that serialises
+// every schema change joblib makes (migrations, the event spill table, first
+// bootstrap rows) among the processes sharing a schema. Anything that runs
+// DDL or a check-then-create at start takes it, so that any number of nodes
+// may start together on an empty database.
+const SchemaLockSQL = "SELECT pg_advisory_xact_lock(hashtext('joblib:schema'), hashtext(current_schema()))"
+
+// LockSchema takes the schema lock for the rest of the transaction
+// (PostgreSQL; SQLite serialises writers anyway).
+func (q *Q) LockSchema() error {
+	if q.d != Postgres {
+		return nil
+	}
+	if err := q.g.Exec(SchemaLockSQL).Error; err != nil {
+		return fmt.Errorf("lock schema: %w", err)
+	}
+	return nil
+}
+
 // Migrate brings the schema to the newest version. It is safe to run from
-// several processes at once on PostgreSQL (an advisory lock serialises them)
+// several processes at once on PostgreSQL (the schema lock serialises them)
 // and idempotent everywhere. It returns the versions it applied.
 func (db *DB) Migrate(ctx context.Context) ([]int, error) {
 	var applied []int
 	err := db.Tx(ctx, func(q *Q) error {
 		if db.dialect == Postgres {
-			if err := q.g.Exec("SELECT pg_advisory_xact_lock(7429001)").Error; err != nil {
-				return fmt.Errorf("lock migrations: %w", err)
+			if err := q.LockSchema(); err != nil {
+				return err
 			}
 		}
 		ts := "timestamptz NOT NULL DEFAULT now()"
@@ -386,11 +515,11 @@ func (db *DB) Migrate(ctx context.Context) ([]int, error) {
 			if done[m.version] {
 				continue
 			}
-			ddl := m.postgres
+			ddl, whole := m.postgres, m.pgStatements
 			if db.dialect == SQLite {
-				ddl = m.sqlite
+				ddl, whole = m.sqlite, m.sqliteStatements
 			}
-			for _, stmt := range splitStatements(ddl) {
+			for _, stmt := range append(splitStatements(ddl), whole...) {
 				if err := q.g.Exec(stmt).Error; err != nil {
 					return fmt.Errorf("migration %d (%s): %w", m.version, m.name, err)
 				}

@@ -81,3 +81,26 @@ func (q *Q) SeedWorkers(userID, jobID uuid.UUID, n, tasksEach int, age time.Dura
 	}
 	return ids, nil
 }
+
+// SeedPendingTasks bulk-inserts n pending tasks of jobID in room (harnesses
+// and tests; the server never calls it).
+func (q *Q) SeedPendingTasks(jobID uuid.UUID, room string, n int) error {
+	const rows = 1000
+	for start := 0; start < n; start += rows {
+		k := min(rows, n-start)
+		var sb strings.Builder
+		args := make([]any, 0, 3*k)
+		sb.WriteString("INSERT INTO tasks (id, job_id, room_id, status, created_at, updated_at) VALUES ")
+		for i := range k {
+			if i > 0 {
+				sb.WriteString(", ")
+			}
+			sb.WriteString("(?, ?, ?, 'pending', " + q.now() + ", " + q.now() + ")")
+			args = append(args, uuid.New(), jobID, room)
+		}
+		if err := q.g.Exec(sb.String(), args...).Error; err != nil {
+			return fmt.Errorf("seed pending tasks: %w", mapErr(err))
+		}
+	}
+	return nil
+}

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/zndraw/joblib/joblib"
 )
 
 // TestClaimRace: 50 concurrent claimers on 2,000 tasks across 5 jobs. Exactly
@@ -14,7 +16,9 @@ import (
 // tasks in FIFO order, and further claims answer null.
 func TestClaimRace(t *testing.T) {
 	t.Parallel()
-	each(t, func(t *testing.T, e *env) {
+	// One user submits all 2,000 tasks as fast as it can: no rate limit.
+	unlimited := withSettings(func(s *joblib.Settings) { s.SubmitRate = 0 })
+	eachWith(t, []func(*setupOpts){unlimited}, func(t *testing.T, e *env) {
 		const (
 			jobs     = 5
 			perJob   = 200

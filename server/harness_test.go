@@ -35,6 +35,7 @@ type env struct {
 	alice string
 	bob   string
 	rt    *server.Realtime
+	api   *server.Server
 }
 
 type setupOpts struct {
@@ -45,6 +46,7 @@ type setupOpts struct {
 	realtime    *server.RealtimeConfig
 	realtimeLog *slog.Logger
 	bus         events.Bus
+	logger      *slog.Logger
 }
 
 // withBus uses bus instead of a fresh in-process bus.
@@ -91,7 +93,7 @@ func setupNoUsers(t testing.TB, db *models.DB, opts ...func(*setupOpts)) *env {
 	}
 	rec := &recorder{}
 	unsub := bus.Subscribe(rec.add)
-	svc := joblib.New(joblib.Config{DB: db, Bus: bus, Settings: st})
+	svc := joblib.New(joblib.Config{DB: db, Bus: bus, Settings: st, Logger: o.logger})
 	if o.beforeStart != nil {
 		o.beforeStart(svc)
 	}
@@ -103,7 +105,7 @@ func setupNoUsers(t testing.TB, db *models.DB, opts ...func(*setupOpts)) *env {
 		cfg = *o.serverCfg
 	}
 	cfg.PublicReads = cfg.PublicReads || o.publicReads
-	api := server.New(svc, cfg, nil)
+	api := server.New(svc, cfg, o.logger)
 	var rt *server.Realtime
 	if o.realtime != nil {
 		rt = api.NewRealtime(*o.realtime, o.realtimeLog)
@@ -123,7 +125,7 @@ func setupNoUsers(t testing.TB, db *models.DB, opts ...func(*setupOpts)) *env {
 		unsub()
 		svc.Close()
 	})
-	return &env{t: t, db: db, svc: svc, bus: bus, rec: rec, srv: srv, url: srv.URL, rt: rt}
+	return &env{t: t, db: db, svc: svc, bus: bus, rec: rec, srv: srv, url: srv.URL, rt: rt, api: api}
 }
 
 func withSettings(f func(*joblib.Settings)) func(*setupOpts) {

@@ -1,12 +1,17 @@
 package server
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"log/slog"
 	"net/http"
+	"strconv"
+	"time"
 
+	"github.com/zndraw/joblib/internal/limits"
 	"github.com/zndraw/joblib/joblib"
+	"github.com/zndraw/joblib/models"
 )
 
 // Problem is an RFC 9457 problem details body. Every error the API answers
@@ -34,6 +39,8 @@ var problemStatus = map[joblib.Code]int{
 	joblib.CodeValidation:               http.StatusUnprocessableEntity,
 	joblib.CodePayloadTooLarge:          http.StatusRequestEntityTooLarge,
 	joblib.CodeUnauthorized:             http.StatusUnauthorized,
+	joblib.CodeRateLimited:              http.StatusTooManyRequests,
+	joblib.CodeStatementTimeout:         http.StatusServiceUnavailable,
 	joblib.CodePolicyConflict:           http.StatusConflict,
 	joblib.CodeQuotaExceeded:            http.StatusTooManyRequests,
 }
@@ -57,6 +64,16 @@ func writeProblem(w http.ResponseWriter, p Problem) {
 // whose detail does not leak internals (the error is logged with the request).
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	if e, ok := joblib.AsError(err); ok {
+		if e.Limit != "" {
+			s.rejections.Inc(e.Limit)
+			// A budget rejection is the client's doing: at most a warning,
+			// never with the payload.
+			s.log.LogAttrs(r.Context(), slog.LevelDebug, "request past a budget",
+				slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.String("limit", e.Limit))
+		}
+		if e.RetryAfter > 0 {
+			w.Header().Set("Retry-After", strconv.Itoa(int(max(1, (e.RetryAfter+time.Second-1)/time.Second))))
+		}
 		writeProblem(w, newProblem(e.Code, e.Detail))
 		return
 	}
@@ -73,6 +90,16 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 		s.log.LogAttrs(r.Context(), slog.LevelWarn, "room authorization unavailable", slog.String("path", r.URL.Path), slog.Any("err", err))
 		writeProblem(w, Problem{Type: "/v1/problems/room-auth-unavailable", Title: http.StatusText(503), Status: 503,
 			Detail: "Room authorization service unavailable"})
+		return
+	}
+	if errors.Is(context.Cause(r.Context()), errDBBudget) || (models.IsTimeout(err) && r.Context().Err() == nil) {
+		s.fail(w, r, &joblib.Error{Code: joblib.CodeStatementTimeout, Limit: limits.StatementTimeout, RetryAfter: 5 * time.Second,
+			Detail: "the request's database work took longer than its budget and was cancelled; narrow the request or retry later"})
+		return
+	}
+	if models.IsInvalidData(err) {
+		s.fail(w, r, &joblib.Error{Code: joblib.CodeValidation, Limit: limits.JSONBytes,
+			Detail: "the database cannot store a value of this request (out of range or not representable)"})
 		return
 	}
 	if r.Context().Err() != nil {
@@ -109,4 +136,9 @@ func createdOrOK(created bool) int {
 		return http.StatusCreated
 	}
 	return http.StatusOK
+}
+
+// reject answers a budget rejection the transport itself detected.
+func (s *Server) reject(w http.ResponseWriter, r *http.Request, code joblib.Code, limit, detail string) {
+	s.fail(w, r, &joblib.Error{Code: code, Detail: detail, Limit: limit})
 }

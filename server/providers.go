@@ -1,7 +1,9 @@
 package server
 
 import (
+	"context"
 	"encoding/json"
+	"io"
 	"mime"
 	"net/http"
 	"strconv"
@@ -13,13 +15,13 @@ import (
 	"github.com/zndraw/joblib/joblib"
 )
 
-func (s *Server) routesProviders() {
+func (s *Server) routesProviders(list, write func(http.HandlerFunc) http.HandlerFunc) {
 	m := s.mux
-	m.HandleFunc("PUT "+prefix+"/rooms/{room}/providers", s.registerProvider)
-	m.HandleFunc("GET "+prefix+"/rooms/{room}/providers", s.read(s.listProviders))
+	m.HandleFunc("PUT "+prefix+"/rooms/{room}/providers", write(s.registerProvider))
+	m.HandleFunc("GET "+prefix+"/rooms/{room}/providers", list(s.listProviders))
 	m.HandleFunc("GET "+prefix+"/rooms/{room}/providers/{name...}", s.providerInfoOrRead)
-	m.HandleFunc("DELETE "+prefix+"/providers/{id}", s.deleteProvider)
-	m.HandleFunc("POST "+prefix+"/providers/{id}/results", s.uploadProviderResult)
+	m.HandleFunc("DELETE "+prefix+"/providers/{id}", write(s.deleteProvider))
+	m.HandleFunc("POST "+prefix+"/providers/{id}/results", write(s.uploadProviderResult))
 }
 
 type registerProviderBody struct {
@@ -63,7 +65,7 @@ func (s *Server) registerProvider(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) listProviders(w http.ResponseWriter, r *http.Request) {
-	pg, ok := pageParams(w, r)
+	pg, ok := s.pageParams(w, r)
 	if !ok {
 		return
 	}
@@ -89,7 +91,7 @@ func (s *Server) providerInfoOrRead(w http.ResponseWriter, r *http.Request) {
 // readProvider answers a provider read with the provider's bytes, or 504
 // ProviderTimeout with Retry-After: 2 when none arrived in time.
 func (s *Server) readProvider(w http.ResponseWriter, r *http.Request) {
-	room, _, ok := s.roomThenPrincipal(w, r, accessRead)
+	room, p, ok := s.roomThenPrincipal(w, r, accessRead)
 	if !ok {
 		return
 	}
@@ -102,7 +104,7 @@ func (s *Server) readProvider(w http.ResponseWriter, r *http.Request) {
 	if d, ok := parsePreferWait(r.Header.Get("Prefer")); ok {
 		wait = &d
 	}
-	out, err := s.svc.ReadProvider(r.Context(), room, r.PathValue("name"), params, wait)
+	out, err := s.svc.ReadProviderAs(r.Context(), p, room, r.PathValue("name"), params, wait)
 	if err != nil {
 		if joblib.IsCode(err, joblib.CodeProviderTimeout) {
 			w.Header().Set("Retry-After", "2")
@@ -210,9 +212,31 @@ func (s *Server) uploadProviderResult(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, "header X-Request-Hash is required")
 		return
 	}
-	if err := s.svc.UploadProviderResult(r.Context(), p, id, hash, r.Body); err != nil {
+	body := &budgetReader{r: r.Body, ctx: r.Context()}
+	if err := s.svc.UploadProviderResult(r.Context(), p, id, hash, body); err != nil {
 		s.fail(w, r, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// budgetReader restarts the request's database time budget once the body
+// has been read to its end, so that a slow upload does not spend it.
+type budgetReader struct {
+	r             io.Reader
+	ctx           context.Context
+	started, done bool
+}
+
+func (b *budgetReader) Read(p []byte) (int, error) {
+	if !b.started {
+		b.started = true
+		pauseBudget(b.ctx)
+	}
+	n, err := b.r.Read(p)
+	if err != nil && !b.done {
+		b.done = true
+		restartBudget(b.ctx)
+	}
+	return n, err
 }

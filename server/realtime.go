@@ -42,13 +42,35 @@ type RealtimeConfig struct {
 	// SendQueue is each connection's outbound queue in packets; a connection
 	// that lets it fill is closed as a slow consumer.
 	SendQueue int `env:"SOCKET_SEND_QUEUE" envDefault:"1024"`
+	// ConnectTimeout closes a session that has not joined a namespace
+	// (Socket.IO CONNECT) within it.
+	ConnectTimeout time.Duration `env:"SOCKET_CONNECT_TIMEOUT" envDefault:"20s"`
+	// MaxAttachments bounds the binary attachments of one event.
+	MaxAttachments int `env:"SOCKET_MAX_ATTACHMENTS" envDefault:"64"`
+	// MaxEventBytes bounds one event with its attachments, counted as they
+	// arrive.
+	MaxEventBytes int64 `env:"SOCKET_MAX_EVENT_BYTES" envDefault:"10000000"`
+	// MaxJSONDepth bounds the nesting of an event's arguments.
+	MaxJSONDepth int `env:"SOCKET_MAX_JSON_DEPTH" envDefault:"64"`
+	// MaxRooms bounds the rooms one socket is in.
+	MaxRooms int `env:"SOCKET_MAX_ROOMS" envDefault:"1000"`
+	// MaxSessions and MaxSessionsPerAddr bound the open Engine.IO sessions
+	// of this node, in total and per client IP address.
+	MaxSessions        int `env:"SOCKET_MAX_SESSIONS" envDefault:"100000"`
+	MaxSessionsPerAddr int `env:"SOCKET_MAX_SESSIONS_PER_ADDR" envDefault:"1000"`
+	// MaxHints bounds the task_available / provider_request notices waiting
+	// for one connection; more are dropped (the worker claims, the reader
+	// retries), never disconnecting it.
+	MaxHints int `env:"SOCKET_MAX_HINTS" envDefault:"32"`
 }
 
 // DefaultRealtimeConfig returns the documented defaults.
 func DefaultRealtimeConfig() RealtimeConfig {
 	return RealtimeConfig{
 		PingInterval: 25 * time.Second, PingTimeout: 20 * time.Second, DisconnectGrace: 5 * time.Second,
-		MaxMessageBytes: 1_000_000, SendQueue: 1024,
+		MaxMessageBytes: 1_000_000, SendQueue: 1024, ConnectTimeout: 20 * time.Second,
+		MaxAttachments: 64, MaxEventBytes: 10_000_000, MaxJSONDepth: 64, MaxRooms: 1000,
+		MaxSessions: 100_000, MaxSessionsPerAddr: 1000, MaxHints: 32,
 	}
 }
 
@@ -68,6 +90,7 @@ type Realtime struct {
 	// disconnects counts closed sockets by reason (a fixed set, see
 	// sio.Reason*): "slow consumer" is the one operators alert on.
 	disconnects *prometheus.CounterVec
+	fwd         *forwarder
 
 	mu     sync.Mutex
 	bound  map[uuid.UUID]*sio.Socket // worker -> its socket on this node
@@ -111,18 +134,34 @@ func (s *Server) NewRealtime(cfg RealtimeConfig, log *slog.Logger) *Realtime {
 		}, []string{"reason"}),
 	}
 	rt.io = sio.New(sio.Config{
-		PingInterval:   cfg.PingInterval,
-		PingTimeout:    cfg.PingTimeout,
-		MaxPayload:     cfg.MaxMessageBytes,
-		SendQueue:      cfg.SendQueue,
-		OriginPatterns: cfg.AllowedOrigins,
-		Logger:         log,
+		PingInterval:       cfg.PingInterval,
+		PingTimeout:        cfg.PingTimeout,
+		MaxPayload:         cfg.MaxMessageBytes,
+		SendQueue:          cfg.SendQueue,
+		OriginPatterns:     cfg.AllowedOrigins,
+		ConnectTimeout:     cfg.ConnectTimeout,
+		MaxAttachments:     cfg.MaxAttachments,
+		MaxEventBytes:      cfg.MaxEventBytes,
+		MaxDepth:           cfg.MaxJSONDepth,
+		MaxRooms:           cfg.MaxRooms,
+		MaxSessions:        cfg.MaxSessions,
+		MaxSessionsPerAddr: cfg.MaxSessionsPerAddr,
+		MaxHints:           cfg.MaxHints,
+		OnReject:           s.rejections.Inc,
+		RejectAck:          rejectAck,
+		Logger:             log,
+		SessionID:          nodeSessionID(s.svc.Node().Run),
 	}, rt)
+	rt.fwd = newForwarder(s.svc, func(sid string) bool { return rt.io.Engine().Lookup(sid) != nil }, rt.io, log)
 	return rt
 }
 
-// ServeHTTP serves /socket.io/.
-func (rt *Realtime) ServeHTTP(w http.ResponseWriter, r *http.Request) { rt.io.ServeHTTP(w, r) }
+// ServeHTTP serves /socket.io/. Requests for sessions of other nodes are
+// forwarded to them.
+func (rt *Realtime) ServeHTTP(w http.ResponseWriter, r *http.Request) { rt.fwd.ServeHTTP(w, r) }
+
+// Forwarded is the number of socket requests forwarded to other nodes.
+func (rt *Realtime) Forwarded() int64 { return rt.fwd.forwarded.Load() }
 
 // IO exposes the Socket.IO server (room sizes, socket counts).
 func (rt *Realtime) IO() *sio.Server { return rt.io }
@@ -130,6 +169,9 @@ func (rt *Realtime) IO() *sio.Server { return rt.io }
 // Start subscribes to the bus and starts the keep-alive loop.
 func (rt *Realtime) Start() {
 	rt.unsub = rt.svc.Bus().Subscribe(rt.deliver)
+	if m, ok := rt.svc.Bus().(events.Monitored); ok {
+		m.Monitor().OnGap(func(events.Gap) { rt.invalidateAll() })
+	}
 	rt.wg.Go(rt.keepAlive)
 	rt.wg.Go(rt.recheckCredentials)
 }
@@ -160,12 +202,74 @@ func (rt *Realtime) Shutdown(ctx context.Context) error {
 	return err
 }
 
+// DropWorkerSockets closes every socket that holds a worker on this node, so
+// that those workers reconnect and join again. Used when this node's lease
+// was taken away: another node has released (cleaned) its workers.
+func (rt *Realtime) DropWorkerSockets() int {
+	rt.mu.Lock()
+	socks := make(map[*sio.Socket]bool, len(rt.bound))
+	for _, s := range rt.bound {
+		socks[s] = true
+	}
+	rt.mu.Unlock()
+	for s := range socks {
+		s.Disconnect()
+	}
+	return len(socks)
+}
+
 // deliver sends a committed emission to its room. It never blocks: the
-// Socket.IO server enqueues on each member's bounded queue.
+// Socket.IO server enqueues on each member's bounded queue. task_available
+// and provider_request are hints (the worker claims, the reader retries):
+// for a connection that is behind they are dropped rather than queued, so a
+// flood of them never disconnects a worker or a provider.
 func (rt *Realtime) deliver(e events.Emission) {
-	if err := rt.io.EmitTo(e.Room, e.Event.EventName(), e.Payload()); err != nil {
+	emit := rt.io.EmitTo
+	switch e.Event.(type) {
+	case events.TaskAvailable, events.ProviderRequest:
+		emit = rt.io.EmitHintTo
+	}
+	if err := emit(e.Room, e.Event.EventName(), e.Payload()); err != nil {
 		rt.log.Error("deliver event", "event", e.Event.EventName(), "room", e.Room, "err", err)
 	}
+}
+
+// rejectAck answers an event that asked for an ack and exceeded a socket
+// budget.
+func rejectAck(limit string) []any {
+	detail := map[string]string{
+		sio.LimitAttachments: "too many binary attachments",
+		sio.LimitEventBytes:  "event too large",
+		sio.LimitDepth:       "arguments nested too deeply",
+	}[limit]
+	status := 413
+	if limit == sio.LimitDepth {
+		status = 422
+	}
+	return []any{ack{Status: status, Detail: detail}}
+}
+
+// invalidateAll tells every UI room on this node to refetch: events of
+// other nodes were lost (a bus gap), so its job, provider and task views
+// may be stale.
+func (rt *Realtime) invalidateAll() {
+	rt.mu.Lock()
+	closed := rt.closed
+	rt.mu.Unlock()
+	if closed {
+		return
+	}
+	n := 0
+	for _, room := range rt.io.Rooms() {
+		if !strings.HasPrefix(room, "room:") {
+			continue
+		}
+		for _, ev := range []events.Event{events.JobsInvalidate{}, events.ProvidersInvalidate{}, events.TasksInvalidate{}} {
+			rt.deliver(events.Emission{Room: room, Event: ev})
+		}
+		n++
+	}
+	rt.log.Warn("event bus gap: UI rooms told to refetch", "rooms", n)
 }
 
 // connectError is a CONNECT refusal.
@@ -309,7 +413,9 @@ func (rt *Realtime) handle(ctx context.Context, s *sio.Socket, st *connState, ev
 				return errAck(err)
 			}
 		}
-		s.Join(events.Room(*body.RoomID))
+		if err := s.Join(events.Room(*body.RoomID)); err != nil {
+			return joinErrAck(err)
+		}
 		return ack{OK: true}
 	}
 	return ack{Status: 404, Detail: fmt.Sprintf("unknown event %q", ev.Name)}
@@ -378,8 +484,15 @@ func (rt *Realtime) joinAsWorker(ctx context.Context, s *sio.Socket, st *connSta
 		rt.bound[wid] = s
 		rt.mu.Unlock()
 	}
-	s.Join(room)
+	if err := s.Join(room); err != nil {
+		return joinErrAck(err)
+	}
 	return ack{OK: true}
+}
+
+// joinErrAck answers a join past the rooms-per-socket budget.
+func joinErrAck(err error) ack {
+	return ack{Status: 429, Detail: err.Error()}
 }
 
 // roomAccess asks the room authorization host (when configured) whether the

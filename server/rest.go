@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,6 +15,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/zndraw/joblib/internal/jsonguard"
+	"github.com/zndraw/joblib/internal/limits"
 	"github.com/zndraw/joblib/joblib"
 )
 
@@ -21,26 +24,77 @@ const prefix = "/v1/joblib"
 
 func (s *Server) routes() {
 	m := s.mux
-	m.HandleFunc("POST "+prefix+"/workers", s.createWorker)
-	m.HandleFunc("GET "+prefix+"/workers", s.read(s.listWorkers))
-	m.HandleFunc("PATCH "+prefix+"/workers/{id}", s.heartbeat)
-	m.HandleFunc("DELETE "+prefix+"/workers/{id}", s.deleteWorker)
+	// Every handler runs under its request class's database time budget,
+	// except the long-polls (GET /tasks/{id}, provider reads), whose
+	// statements are single-row reads and whose wait is bounded on its own.
+	list := func(h http.HandlerFunc) http.HandlerFunc { return s.dbBudget(s.cfg.ReadDBTimeout, s.read(h)) }
+	write := func(h http.HandlerFunc) http.HandlerFunc { return s.dbBudget(s.cfg.WriteDBTimeout, h) }
+	m.HandleFunc("POST "+prefix+"/workers", write(s.createWorker))
+	m.HandleFunc("GET "+prefix+"/workers", list(s.listWorkers))
+	m.HandleFunc("PATCH "+prefix+"/workers/{id}", write(s.heartbeat))
+	m.HandleFunc("DELETE "+prefix+"/workers/{id}", write(s.deleteWorker))
 
-	m.HandleFunc("PUT "+prefix+"/rooms/{room}/jobs", s.registerJob)
-	m.HandleFunc("GET "+prefix+"/rooms/{room}/jobs", s.read(s.listJobs))
-	m.HandleFunc("GET "+prefix+"/rooms/{room}/jobs/{name...}", s.read(s.jobOrJobTasks))
-	m.HandleFunc("GET "+prefix+"/rooms/{room}/workers", s.read(s.listRoomWorkers))
-	m.HandleFunc("GET "+prefix+"/rooms/{room}/tasks", s.read(s.listRoomTasks))
-	m.HandleFunc("POST "+prefix+"/rooms/{room}/tasks/{name...}", s.submitTask)
+	m.HandleFunc("PUT "+prefix+"/rooms/{room}/jobs", write(s.registerJob))
+	m.HandleFunc("GET "+prefix+"/rooms/{room}/jobs", list(s.listJobs))
+	m.HandleFunc("GET "+prefix+"/rooms/{room}/jobs/{name...}", list(s.jobOrJobTasks))
+	m.HandleFunc("GET "+prefix+"/rooms/{room}/workers", list(s.listRoomWorkers))
+	m.HandleFunc("GET "+prefix+"/rooms/{room}/tasks", list(s.listRoomTasks))
+	m.HandleFunc("POST "+prefix+"/rooms/{room}/tasks/{name...}", write(s.submitTask))
 
-	m.HandleFunc("POST "+prefix+"/tasks/claim", s.claimTask)
-	m.HandleFunc("POST "+prefix+"/tasks/claim-batch", s.claimTasks)
+	m.HandleFunc("POST "+prefix+"/tasks/claim", write(s.claimTask))
+	m.HandleFunc("POST "+prefix+"/tasks/claim-batch", write(s.claimTasks))
 	m.HandleFunc("GET "+prefix+"/tasks/{id}", s.read(s.getTask))
-	m.HandleFunc("PATCH "+prefix+"/tasks/{id}", s.updateTask)
-	s.routesProviders()
+	m.HandleFunc("PATCH "+prefix+"/tasks/{id}", write(s.updateTask))
+	s.routesProviders(list, write)
 
 	m.HandleFunc("GET /healthz", s.healthz)
 	m.HandleFunc("GET /readyz", s.readyz)
+}
+
+// errDBBudget is the cause of a request context cancelled by its class's
+// database time budget.
+var errDBBudget = errors.New("request database time budget spent")
+
+// dbBudget runs h with a context that is cancelled d after the request
+// started, or after its body was read (a slow upload does not spend the
+// database's time): every statement the request runs is cancelled then
+// (pgx sends PostgreSQL a cancel request; SQLite is interrupted) and the
+// client gets 503 statement-timeout.
+func (s *Server) dbBudget(d time.Duration, h http.HandlerFunc) http.HandlerFunc {
+	if d <= 0 {
+		return h
+	}
+	return func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithCancelCause(r.Context())
+		defer cancel(nil)
+		b := &budget{d: d, timer: time.AfterFunc(d, func() { cancel(errDBBudget) })}
+		defer b.timer.Stop()
+		h(w, r.WithContext(context.WithValue(ctx, budgetKey{}, b)))
+	}
+}
+
+type budgetKey struct{}
+
+// budget is a request's database time budget.
+type budget struct {
+	d     time.Duration
+	timer *time.Timer
+}
+
+// pauseBudget stops the request's database time budget while its body
+// is read.
+func pauseBudget(ctx context.Context) {
+	if b, ok := ctx.Value(budgetKey{}).(*budget); ok {
+		b.timer.Stop()
+	}
+}
+
+// restartBudget starts the request's database time budget afresh (once
+// its body has been read).
+func restartBudget(ctx context.Context) {
+	if b, ok := ctx.Value(budgetKey{}).(*budget); ok && ctx.Err() == nil {
+		b.timer.Reset(b.d)
+	}
 }
 
 // principal authenticates the request or answers 401 and returns ok=false.
@@ -113,11 +167,13 @@ func (s *Server) roomThenPrincipal(w http.ResponseWriter, r *http.Request, acces
 // decodeBody reads a JSON object body into v. Oversized bodies answer 413,
 // anything that is not a JSON object of the right shape 422.
 func (s *Server) decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
+	pauseBudget(r.Context())
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	restartBudget(r.Context())
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			writeProblem(w, newProblem(joblib.CodePayloadTooLarge, fmt.Sprintf("request body exceeds %d bytes", tooBig.Limit)))
+			s.reject(w, r, joblib.CodePayloadTooLarge, limits.BodyBytes, fmt.Sprintf("request body exceeds %d bytes", tooBig.Limit))
 			return false
 		}
 		badRequest(w, "could not read request body")
@@ -126,6 +182,16 @@ func (s *Server) decodeBody(w http.ResponseWriter, r *http.Request, v any) bool 
 	body = bytes.TrimSpace(body)
 	if len(body) == 0 || body[0] != '{' {
 		badRequest(w, "request body must be a JSON object")
+		return false
+	}
+	// One linear pass before any decoding: nesting, UTF-8, and the escapes
+	// and numbers the database would refuse.
+	if err := jsonguard.Check(body, s.cfg.MaxJSONDepth); err != nil {
+		limit := limits.JSONBytes
+		if errors.Is(err, jsonguard.ErrTooDeep) {
+			limit = limits.JSONDepth
+		}
+		s.reject(w, r, joblib.CodeValidation, limit, "invalid request body: "+err.Error())
 		return false
 	}
 	body, err = exactMembers(body, v)
@@ -209,7 +275,7 @@ func pathUUID(w http.ResponseWriter, r *http.Request, name string) (uuid.UUID, b
 // maxPageLimit is the largest page size.
 const maxPageLimit = 500
 
-func pageParams(w http.ResponseWriter, r *http.Request) (joblib.PageParams, bool) {
+func (s *Server) pageParams(w http.ResponseWriter, r *http.Request) (joblib.PageParams, bool) {
 	pg := joblib.PageParams{Limit: 50}
 	q := r.URL.Query()
 	if v := q.Get("limit"); v != "" {
@@ -226,13 +292,18 @@ func pageParams(w http.ResponseWriter, r *http.Request) (joblib.PageParams, bool
 			badRequest(w, "offset must be a non-negative integer")
 			return pg, false
 		}
+		if n > s.cfg.MaxListOffset {
+			s.reject(w, r, joblib.CodeValidation, limits.ListOffset,
+				fmt.Sprintf("offset must be at most %d; narrow the listing with ?status= instead", s.cfg.MaxListOffset))
+			return pg, false
+		}
 		pg.Offset = n
 	}
 	return pg, true
 }
 
-func taskListParams(w http.ResponseWriter, r *http.Request) (joblib.TaskListParams, bool) {
-	pg, ok := pageParams(w, r)
+func (s *Server) taskListParams(w http.ResponseWriter, r *http.Request) (joblib.TaskListParams, bool) {
+	pg, ok := s.pageParams(w, r)
 	if !ok {
 		return joblib.TaskListParams{}, false
 	}
@@ -272,7 +343,7 @@ func (s *Server) createWorker(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) listWorkers(w http.ResponseWriter, r *http.Request) {
-	pg, ok := pageParams(w, r)
+	pg, ok := s.pageParams(w, r)
 	if !ok {
 		return
 	}
@@ -310,7 +381,7 @@ func (s *Server) deleteWorker(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) listRoomWorkers(w http.ResponseWriter, r *http.Request) {
-	pg, ok := pageParams(w, r)
+	pg, ok := s.pageParams(w, r)
 	if !ok {
 		return
 	}
@@ -369,7 +440,7 @@ func (s *Server) registerJob(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) listJobs(w http.ResponseWriter, r *http.Request) {
-	pg, ok := pageParams(w, r)
+	pg, ok := s.pageParams(w, r)
 	if !ok {
 		return
 	}
@@ -382,7 +453,7 @@ func (s *Server) listJobs(w http.ResponseWriter, r *http.Request) {
 func (s *Server) jobOrJobTasks(w http.ResponseWriter, r *http.Request) {
 	room, name := r.PathValue("room"), r.PathValue("name")
 	if job, ok := strings.CutSuffix(name, "/tasks"); ok {
-		lp, ok := taskListParams(w, r)
+		lp, ok := s.taskListParams(w, r)
 		if !ok {
 			return
 		}
@@ -397,7 +468,7 @@ func (s *Server) jobOrJobTasks(w http.ResponseWriter, r *http.Request) {
 // --- tasks
 
 func (s *Server) listRoomTasks(w http.ResponseWriter, r *http.Request) {
-	lp, ok := taskListParams(w, r)
+	lp, ok := s.taskListParams(w, r)
 	if !ok {
 		return
 	}

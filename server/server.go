@@ -10,6 +10,8 @@ import (
 	"runtime/debug"
 	"time"
 
+	"github.com/zndraw/joblib/internal/jsonguard"
+	"github.com/zndraw/joblib/internal/limits"
 	"github.com/zndraw/joblib/joblib"
 )
 
@@ -47,6 +49,23 @@ type Config struct {
 	CredentialCacheTTL time.Duration `env:"CREDENTIAL_CACHE_TTL" envDefault:"5s"`
 	// PublicReads lets unauthenticated callers use the GET endpoints.
 	PublicReads bool `env:"PUBLIC_READS" envDefault:"false"`
+	// MaxJSONDepth caps the nesting of JSON request bodies; deeper ones
+	// answer 422 and nothing is stored.
+	MaxJSONDepth int `env:"MAX_JSON_DEPTH" envDefault:"64"`
+	// MaxListOffset is the deepest `offset` a listing accepts; deeper ones
+	// answer 422.
+	MaxListOffset int `env:"MAX_LIST_OFFSET" envDefault:"10000"`
+	// ReadDBTimeout is the database time budget of a listing request
+	// (GET of workers, jobs, tasks, providers); past it the request's
+	// statements are cancelled and it answers 503. 0 disables it.
+	ReadDBTimeout time.Duration `env:"READ_DB_TIMEOUT" envDefault:"5s"`
+	// WriteDBTimeout is the database time budget of a mutating request.
+	WriteDBTimeout time.Duration `env:"WRITE_DB_TIMEOUT" envDefault:"15s"`
+	// MetricsToken, when set, is the bearer token /metrics requires.
+	MetricsToken string `env:"METRICS_TOKEN"`
+	// MetricsAddr, when set, serves /metrics on this address only (not on
+	// ListenAddr).
+	MetricsAddr string `env:"METRICS_ADDR"`
 	// RoomAuth delegates room access decisions to the host application.
 	RoomAuth RoomAuthConfig
 }
@@ -54,7 +73,9 @@ type Config struct {
 // DefaultConfig returns the documented defaults.
 func DefaultConfig() Config {
 	return Config{ListenAddr: ":8080", MaxBodyBytes: 8 << 20, JWTAlgorithm: "HS256", JWTAudience: DefaultJWTAudience,
-		JWTLeeway: 30 * time.Second, CredentialCacheTTL: DefaultCredentialCacheTTL, RoomAuth: DefaultRoomAuthConfig()}
+		JWTLeeway: 30 * time.Second, CredentialCacheTTL: DefaultCredentialCacheTTL, RoomAuth: DefaultRoomAuthConfig(),
+		MaxJSONDepth: jsonguard.DefaultMaxDepth, MaxListOffset: DefaultMaxListOffset,
+		ReadDBTimeout: 5 * time.Second, WriteDBTimeout: 15 * time.Second}
 }
 
 // Validate rejects configurations the server cannot run with; errors name the
@@ -75,14 +96,18 @@ func (c Config) Validate() error {
 	return c.RoomAuth.validate()
 }
 
+// DefaultMaxListOffset is the default of JOBLIB_MAX_LIST_OFFSET.
+const DefaultMaxListOffset = 10000
+
 // Server is joblib's HTTP surface. Build it with New and mount Handler.
 type Server struct {
-	svc   *joblib.Service
-	cfg   Config
-	log   *slog.Logger
-	auth  *authenticator
-	rooms *roomAuth // nil without JOBLIB_ROOM_AUTH_URL
-	mux   *http.ServeMux
+	svc        *joblib.Service
+	cfg        Config
+	log        *slog.Logger
+	auth       *authenticator
+	rooms      *roomAuth // nil without JOBLIB_ROOM_AUTH_URL
+	mux        *http.ServeMux
+	rejections *limits.Rejections
 }
 
 // New builds the HTTP server over a service.
@@ -90,8 +115,15 @@ func New(svc *joblib.Service, cfg Config, log *slog.Logger) *Server {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	def := DefaultConfig()
 	if cfg.MaxBodyBytes <= 0 {
-		cfg.MaxBodyBytes = DefaultConfig().MaxBodyBytes
+		cfg.MaxBodyBytes = def.MaxBodyBytes
+	}
+	if cfg.MaxJSONDepth <= 0 {
+		cfg.MaxJSONDepth = def.MaxJSONDepth
+	}
+	if cfg.MaxListOffset <= 0 {
+		cfg.MaxListOffset = def.MaxListOffset
 	}
 	s := &Server{
 		svc: svc,
@@ -103,10 +135,17 @@ func New(svc *joblib.Service, cfg Config, log *slog.Logger) *Server {
 		}},
 		rooms: newRoomAuth(cfg.RoomAuth),
 		mux:   http.NewServeMux(),
+
+		rejections: limits.NewRejections(),
 	}
 	s.routes()
 	return s
 }
+
+// Rejections is the joblib_limit_rejections_total counter every budget of
+// this server (REST and Socket.IO) counts into; register it with the
+// metrics registry.
+func (s *Server) Rejections() *limits.Rejections { return s.rejections }
 
 // Handle mounts an extra handler (Socket.IO, metrics) on the server's mux.
 func (s *Server) Handle(pattern string, h http.Handler) { s.mux.Handle(pattern, h) }

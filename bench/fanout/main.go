@@ -1,16 +1,23 @@
-// Command fanout measures Socket.IO broadcast latency and server memory per idle
-// connection for server/sio.
+// Command fanout measures Socket.IO broadcast latency, server memory per idle
+// connection and server CPU per delivery, for joblib's server/sio and for the
+// reference Node socket.io server, with the same load generator in the same
+// run.
 //
-// The parent process runs an sio.Server on 127.0.0.1:0 whose handler joins a
-// socket to room "r" on a "join" event. It starts itself again as a child
-// process that opens -conns raw websocket clients (coder/websocket, speaking
-// Engine.IO/Socket.IO by hand) over loopback, so client memory and file
-// descriptors do not count against the server. The parent reads VmRSS from
-// /proc/self/status before and after the clients joined, then broadcasts
-// -events timestamped events to the room; the child records the delivery
-// latency of every event on every connection and reports percentiles.
+// For each server it starts a child process of itself that opens -conns raw
+// websocket clients (coder/websocket, speaking Engine.IO/Socket.IO by hand)
+// over loopback, so client memory and file descriptors do not count against
+// the server. joblib's server runs in this process; the Node server
+// (bench/fanout/node, installed with `npm ci` from its lockfile on first use)
+// runs as a child. Each client emits "join" and waits for its ack; the server
+// joins it to room "r". Then the server's RSS is read (after a GC in both
+// runtimes) and -events timestamped events are broadcast to the room; the
+// clients record every delivery's latency and report percentiles. CPU is the
+// server process's user+system time from the first broadcast until every
+// delivery arrived, divided by the deliveries. With -rounds > 1 the servers
+// alternate, so that both see the same machine load.
 //
-//	go run ./bench/fanout -conns 1000 -events 200
+//	go run ./bench/fanout -conns 10000 -events 20 -rounds 2
+//	go run ./bench/fanout -servers joblib -conns 1000   # joblib only, no Node needed
 //
 // It stops by itself: every phase is bounded by -timeout.
 package main
@@ -29,6 +36,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
@@ -37,6 +45,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/coder/websocket"
@@ -58,6 +67,10 @@ type options struct {
 	timeout  time.Duration
 	dialers  int
 	cpuprof  string
+	memprof  string
+	servers  string
+	rounds   int
+	upgrade  bool
 	role     string
 	url      string
 }
@@ -72,6 +85,10 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.DurationVar(&o.timeout, "timeout", 3*time.Minute, "hard limit for the whole run")
 	fs.IntVar(&o.dialers, "dialers", 64, "parallel dials")
 	fs.StringVar(&o.cpuprof, "cpuprofile", "", "write a CPU profile of the server during the broadcast phase")
+	fs.StringVar(&o.servers, "servers", "joblib,node", "servers to measure, in order: joblib, node")
+	fs.IntVar(&o.rounds, "rounds", 1, "rounds (the servers alternate within each)")
+	fs.BoolVar(&o.upgrade, "upgrade", false, "clients open with HTTP long-polling and upgrade to websocket (as browsers do)")
+	fs.StringVar(&o.memprof, "memprofile", "", "write a heap profile of the server with the idle connections")
 	fs.StringVar(&o.role, "role", "server", "server (parent) or clients (child, internal)")
 	fs.StringVar(&o.url, "url", "", "server URL (child only)")
 	if err := fs.Parse(args); err != nil {
@@ -82,7 +99,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	if o.role == "clients" {
 		return runClients(ctx, o, stdout)
 	}
-	return runServer(ctx, o, stdout)
+	return runAll(ctx, o, stdout)
 }
 
 // ---- parent: the server ----
@@ -104,8 +121,12 @@ func (joinHandler) OnEvent(_ context.Context, s *sio.Socket, ev sio.Event, ack s
 
 func (joinHandler) OnDisconnect(*sio.Socket, string) {}
 
-func vmRSS() (int64, error) {
-	data, err := os.ReadFile("/proc/self/status")
+func vmRSS() (int64, error) { return readRSS("/proc/self/status") }
+
+func rssOf(pid int) (int64, error) { return readRSS(fmt.Sprintf("/proc/%d/status", pid)) }
+
+func readRSS(path string) (int64, error) {
+	data, err := os.ReadFile(path)
 	if err != nil {
 		return 0, fmt.Errorf("read VmRSS: %w", err)
 	}
@@ -142,13 +163,142 @@ type clientReport struct {
 	Error      string  `json:"error,omitempty"`
 }
 
-func runServer(ctx context.Context, o options, stdout io.Writer) error {
-	srv := sio.New(sio.Config{Logger: slog.New(slog.DiscardHandler)}, joinHandler{})
+// trial is one server's measurement.
+type trial struct {
+	server        string
+	rep           clientReport
+	kibPerConn    float64
+	goroutines    float64 // per connection (joblib only)
+	cpuPerDeliver float64 // µs
+	slowestEmit   time.Duration
+}
+
+func runAll(ctx context.Context, o options, stdout io.Writer) error {
+	servers := strings.Split(o.servers, ",")
+	var trials []trial
+	for round := range o.rounds {
+		for _, name := range servers {
+			var tr trial
+			var err error
+			switch name {
+			case "joblib":
+				tr, err = runJoblib(ctx, o)
+			case "node":
+				tr, err = runNode(ctx, o)
+			default:
+				return fmt.Errorf("unknown server %q", name)
+			}
+			if err != nil {
+				return fmt.Errorf("round %d, %s: %w", round+1, name, err)
+			}
+			trials = append(trials, tr)
+			fmt.Fprintf(stdout, "round %d %-6s  p50 %7.1f ms  p99 %7.1f ms  max %7.1f ms  %5.1f KiB/conn  %5.2f µs CPU/delivery  connect %.1fs%s\n",
+				round+1, name, tr.rep.P50us/1e3, tr.rep.P99us/1e3, tr.rep.MaxUS/1e3, tr.kibPerConn, tr.cpuPerDeliver, tr.rep.ConnectSec, errSuffix(tr.rep.Error))
+			if tr.rep.Received != tr.rep.Expected {
+				return fmt.Errorf("%s lost deliveries: %d of %d", name, tr.rep.Received, tr.rep.Expected)
+			}
+		}
+	}
+	kind := "websocket"
+	if o.upgrade {
+		kind = "upgraded (polling→websocket)"
+	}
+	fmt.Fprintf(stdout, "\nfanout: %d idle %s connections in one room (clients in a child process, loopback), %d events of %d B padding, %v apart, %d round(s); load average at the end: %s\n\n",
+		o.conns, kind, o.events, o.payload, o.interval, o.rounds, loadAvg())
+	fmt.Fprintln(stdout, "| server | p50 / p99 / max delivery | RSS per connection | CPU per delivery |")
+	fmt.Fprintln(stdout, "| --- | --- | --- | --- |")
+	for _, name := range servers {
+		var p50, p99, mx, kib, cpu float64
+		n := 0.0
+		for _, tr := range trials {
+			if tr.server != name {
+				continue
+			}
+			p50 += tr.rep.P50us / 1e3
+			p99 += tr.rep.P99us / 1e3
+			mx = max(mx, tr.rep.MaxUS/1e3)
+			kib += tr.kibPerConn
+			cpu += tr.cpuPerDeliver
+			n++
+		}
+		fmt.Fprintf(stdout, "| %s | %.1f / %.1f / %.1f ms | %.1f KiB | %.1f µs |\n", name, p50/n, p99/n, mx, kib/n, cpu/n)
+	}
+	return nil
+}
+
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	return strings.Join(f[:min(3, len(f))], " ")
+}
+
+// startClients runs the client child against url and waits for "ready".
+func startClients(ctx context.Context, o options, url string) (*exec.Cmd, *bufio.Scanner, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, nil, fmt.Errorf("find executable: %w", err)
+	}
+	child := exec.CommandContext(ctx, exe, "-role", "clients", "-url", url,
+		"-conns", strconv.Itoa(o.conns), "-events", strconv.Itoa(o.events), "-timeout", o.timeout.String(),
+		"-dialers", strconv.Itoa(o.dialers), "-upgrade="+strconv.FormatBool(o.upgrade))
+	child.Stderr = os.Stderr
+	out, err := child.StdoutPipe()
+	if err != nil {
+		return nil, nil, fmt.Errorf("child stdout: %w", err)
+	}
+	if err := child.Start(); err != nil {
+		return nil, nil, fmt.Errorf("start clients: %w", err)
+	}
+	lines := bufio.NewScanner(out)
+	lines.Buffer(make([]byte, 1<<20), 1<<20)
+	if !lines.Scan() || lines.Text() != "ready" {
+		_ = child.Wait()
+		return nil, nil, fmt.Errorf("clients did not get ready: %q %v", lines.Text(), lines.Err())
+	}
+	return child, lines, nil
+}
+
+func readReport(lines *bufio.Scanner) (clientReport, error) {
+	var rep clientReport
+	if !lines.Scan() {
+		return rep, fmt.Errorf("no report from clients: %v", lines.Err())
+	}
+	if err := json.Unmarshal(lines.Bytes(), &rep); err != nil {
+		return rep, fmt.Errorf("decode report %q: %w", lines.Text(), err)
+	}
+	return rep, nil
+}
+
+// cpuSelf is this process's user+system CPU time.
+func cpuSelf() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// cpuOf is a process's user+system CPU time from /proc (clock ticks of 10 ms).
+func cpuOf(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, fmt.Errorf("read cpu time: %w", err)
+	}
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+2:]))
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(utime+stime) * 10 * time.Millisecond, nil
+}
+
+func runJoblib(ctx context.Context, o options) (trial, error) {
+	tr := trial{server: "joblib"}
+	srv := sio.New(sio.Config{Logger: slog.New(slog.DiscardHandler), MaxSessionsPerAddr: 1 << 20}, joinHandler{})
 	mux := http.NewServeMux()
 	mux.Handle("/socket.io/", srv)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return fmt.Errorf("listen: %w", err)
+		return tr, fmt.Errorf("listen: %w", err)
 	}
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = hs.Serve(ln) }()
@@ -161,92 +311,160 @@ func runServer(ctx context.Context, o options, stdout io.Writer) error {
 
 	rssBefore, err := settledRSS()
 	if err != nil {
-		return err
+		return tr, err
 	}
 	goroutinesBefore := runtime.NumGoroutine()
-
-	exe, err := os.Executable()
+	child, lines, err := startClients(ctx, o, "http://"+ln.Addr().String())
 	if err != nil {
-		return fmt.Errorf("find executable: %w", err)
-	}
-	child := exec.CommandContext(ctx, exe, "-role", "clients", "-url", "http://"+ln.Addr().String(),
-		"-conns", strconv.Itoa(o.conns), "-events", strconv.Itoa(o.events), "-timeout", o.timeout.String(),
-		"-dialers", strconv.Itoa(o.dialers))
-	child.Stderr = os.Stderr
-	out, err := child.StdoutPipe()
-	if err != nil {
-		return fmt.Errorf("child stdout: %w", err)
-	}
-	if err := child.Start(); err != nil {
-		return fmt.Errorf("start clients: %w", err)
+		return tr, err
 	}
 	defer func() { _ = child.Wait() }()
-	lines := bufio.NewScanner(out)
-	lines.Buffer(make([]byte, 1<<20), 1<<20)
-
-	// Phase 1: wait for every client to join.
-	if !lines.Scan() || lines.Text() != "ready" {
-		return fmt.Errorf("clients did not get ready: %q %v", lines.Text(), lines.Err())
-	}
 	for srv.RoomSize("r") < o.conns {
 		if ctx.Err() != nil {
-			return fmt.Errorf("room has %d of %d: %w", srv.RoomSize("r"), o.conns, ctx.Err())
+			return tr, fmt.Errorf("room has %d of %d: %w", srv.RoomSize("r"), o.conns, ctx.Err())
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
 	time.Sleep(500 * time.Millisecond) // let the joins' garbage become collectable
 	rssAfter, err := settledRSS()
 	if err != nil {
-		return err
+		return tr, err
 	}
-	goroutinesAfter := runtime.NumGoroutine()
-
-	// Phase 2: broadcast timestamped events.
+	tr.goroutines = float64(runtime.NumGoroutine()-goroutinesBefore) / float64(o.conns)
+	if o.memprof != "" {
+		f, err := os.Create(o.memprof)
+		if err != nil {
+			return tr, fmt.Errorf("create profile: %w", err)
+		}
+		if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
+			return tr, fmt.Errorf("write heap profile: %w", err)
+		}
+		f.Close()
+	}
 	if o.cpuprof != "" {
 		f, err := os.Create(o.cpuprof)
 		if err != nil {
-			return fmt.Errorf("create profile: %w", err)
+			return tr, fmt.Errorf("create profile: %w", err)
 		}
 		defer f.Close()
 		if err := pprof.StartCPUProfile(f); err != nil {
-			return fmt.Errorf("start profile: %w", err)
+			return tr, fmt.Errorf("start profile: %w", err)
 		}
 		defer pprof.StopCPUProfile()
 	}
 	pad := strings.Repeat("x", o.payload)
-	var slowestEmit time.Duration
+	cpu0 := cpuSelf()
 	for i := range o.events {
 		start := time.Now()
 		if err := srv.EmitTo("r", "tick", i, start.UnixNano(), pad); err != nil {
-			return err
+			return tr, err
 		}
-		slowestEmit = max(slowestEmit, time.Since(start))
+		tr.slowestEmit = max(tr.slowestEmit, time.Since(start))
 		time.Sleep(o.interval)
 	}
+	if tr.rep, err = readReport(lines); err != nil {
+		return tr, err
+	}
+	cpu := cpuSelf() - cpu0
+	tr.kibPerConn = float64(rssAfter-rssBefore) / float64(o.conns) / 1024
+	tr.cpuPerDeliver = float64(cpu.Microseconds()) / float64(max(1, tr.rep.Received))
+	return tr, nil
+}
 
-	// Phase 3: the child reports.
-	if !lines.Scan() {
-		return fmt.Errorf("no report from clients: %v", lines.Err())
+// nodeDir holds the reference server and its lockfile.
+func nodeDir() (string, error) {
+	for _, d := range []string{"bench/fanout/node", "node", "../../bench/fanout/node"} {
+		if _, err := os.Stat(filepath.Join(d, "package-lock.json")); err == nil {
+			return filepath.Abs(d)
+		}
 	}
-	var rep clientReport
-	if err := json.Unmarshal(lines.Bytes(), &rep); err != nil {
-		return fmt.Errorf("decode report %q: %w", lines.Text(), err)
+	return "", errors.New("bench/fanout/node not found: run from the repository root")
+}
+
+func runNode(ctx context.Context, o options) (trial, error) {
+	tr := trial{server: "node"}
+	dir, err := nodeDir()
+	if err != nil {
+		return tr, err
 	}
-	perConn := float64(rssAfter-rssBefore) / float64(o.conns)
-	fmt.Fprintf(stdout, "fanout: %d websocket connections (clients in a child process, loopback), %d events of %d B padding, %v apart\n",
-		o.conns, o.events, o.payload, o.interval)
-	fmt.Fprintf(stdout, "  connect+join: %.2fs\n", rep.ConnectSec)
-	fmt.Fprintf(stdout, "  delivered: %d of %d (out of order: %d)%s\n", rep.Received, rep.Expected, rep.OutOfOrder, errSuffix(rep.Error))
-	fmt.Fprintf(stdout, "  latency emit→client read: p50 %.0f µs, p99 %.0f µs, max %.0f µs\n", rep.P50us, rep.P99us, rep.MaxUS)
-	fmt.Fprintf(stdout, "  slowest EmitTo call: %v\n", slowestEmit)
-	fmt.Fprintf(stdout, "  server RSS: %.1f MiB before, %.1f MiB with idle connections: %.1f KiB per connection\n",
-		float64(rssBefore)/(1<<20), float64(rssAfter)/(1<<20), perConn/1024)
-	fmt.Fprintf(stdout, "  server goroutines: %d before, %d with connections (%.2f per connection)\n",
-		goroutinesBefore, goroutinesAfter, float64(goroutinesAfter-goroutinesBefore)/float64(o.conns))
-	if rep.Received != rep.Expected {
-		return fmt.Errorf("lost deliveries: %d of %d", rep.Received, rep.Expected)
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", "socket.io")); err != nil {
+		install := exec.CommandContext(ctx, "npm", "ci", "--no-audit", "--no-fund", "--prefix", dir)
+		install.Stdout, install.Stderr = os.Stderr, os.Stderr
+		if err := install.Run(); err != nil {
+			return tr, fmt.Errorf("npm ci in %s: %w", dir, err)
+		}
 	}
-	return nil
+	cmd := exec.CommandContext(ctx, "node", "--expose-gc", filepath.Join(dir, "server.mjs"))
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return tr, err
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return tr, err
+	}
+	if err := cmd.Start(); err != nil {
+		return tr, fmt.Errorf("start node: %w", err)
+	}
+	defer func() {
+		stdin.Close()
+		_ = cmd.Wait()
+	}()
+	srvOut := bufio.NewScanner(out)
+	expect := func(prefix string) (string, error) {
+		if !srvOut.Scan() || !strings.HasPrefix(srvOut.Text(), prefix) {
+			return "", fmt.Errorf("node server: got %q, want %q (%v)", srvOut.Text(), prefix, srvOut.Err())
+		}
+		return srvOut.Text(), nil
+	}
+	portLine, err := expect("port ")
+	if err != nil {
+		return tr, err
+	}
+	rss := func() (int64, error) {
+		if _, err := io.WriteString(stdin, "gc\n"); err != nil {
+			return 0, err
+		}
+		if _, err := expect("collected"); err != nil {
+			return 0, err
+		}
+		return rssOf(cmd.Process.Pid)
+	}
+	rssBefore, err := rss()
+	if err != nil {
+		return tr, err
+	}
+	child, lines, err := startClients(ctx, o, "http://127.0.0.1:"+strings.TrimPrefix(portLine, "port "))
+	if err != nil {
+		return tr, err
+	}
+	defer func() { _ = child.Wait() }()
+	time.Sleep(500 * time.Millisecond)
+	rssAfter, err := rss()
+	if err != nil {
+		return tr, err
+	}
+	cpu0, err := cpuOf(cmd.Process.Pid)
+	if err != nil {
+		return tr, err
+	}
+	if _, err := fmt.Fprintf(stdin, "emit %d %d %d\n", o.events, o.interval.Milliseconds(), o.payload); err != nil {
+		return tr, err
+	}
+	if tr.rep, err = readReport(lines); err != nil {
+		return tr, err
+	}
+	cpu1, err := cpuOf(cmd.Process.Pid)
+	if err != nil {
+		return tr, err
+	}
+	if _, err := expect("emitted"); err != nil {
+		return tr, err
+	}
+	tr.kibPerConn = float64(rssAfter-rssBefore) / float64(o.conns) / 1024
+	tr.cpuPerDeliver = float64((cpu1 - cpu0).Microseconds()) / float64(max(1, tr.rep.Received))
+	return tr, nil
 }
 
 func errSuffix(s string) string {
@@ -279,7 +497,11 @@ func runClients(ctx context.Context, o options, stdout io.Writer) error {
 	for range o.dialers {
 		wg.Go(func() {
 			for i := range jobs {
-				c, err := dialAndJoin(ctx, wsURL)
+				dial := dialAndJoin
+				if o.upgrade {
+					dial = upgradeAndJoin
+				}
+				c, err := dial(ctx, wsURL)
 				if err != nil {
 					mu.Lock()
 					firstErr = cmpErr(firstErr, fmt.Errorf("client %d: %w", i, err))
@@ -385,6 +607,86 @@ func dialAndJoin(ctx context.Context, url string) (*websocket.Conn, error) {
 		}
 	}
 	return c, nil
+}
+
+var pollClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1 << 16}, Timeout: 30 * time.Second}
+
+// upgradeAndJoin opens a session with HTTP long-polling, connects to "/",
+// upgrades it to websocket and joins the room over the websocket.
+func upgradeAndJoin(ctx context.Context, wsURL string) (*websocket.Conn, error) {
+	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	base := "http" + strings.TrimPrefix(strings.TrimSuffix(wsURL, "websocket"), "ws") + "polling"
+	do := func(method, url, body string) (string, error) {
+		req, err := http.NewRequestWithContext(dctx, method, url, strings.NewReader(body))
+		if err != nil {
+			return "", err
+		}
+		res, err := pollClient.Do(req)
+		if err != nil {
+			return "", err
+		}
+		defer res.Body.Close()
+		b, err := io.ReadAll(res.Body)
+		if res.StatusCode != 200 {
+			return "", fmt.Errorf("%s: %d %s", method, res.StatusCode, b)
+		}
+		return string(b), err
+	}
+	open, err := do(http.MethodGet, base, "")
+	if err != nil {
+		return nil, fmt.Errorf("handshake: %w", err)
+	}
+	var hs struct{ SID string }
+	if err := json.Unmarshal([]byte(strings.TrimPrefix(open, "0")), &hs); err != nil {
+		return nil, fmt.Errorf("handshake %q: %w", open, err)
+	}
+	sess := base + "&sid=" + hs.SID
+	if _, err := do(http.MethodPost, sess, "40"); err != nil {
+		return nil, err
+	}
+	for got := ""; !strings.Contains(got, "40{"); {
+		if got, err = do(http.MethodGet, sess, ""); err != nil {
+			return nil, err
+		}
+		if strings.Contains(got, "2") && !strings.Contains(got, "40{") {
+			_, _ = do(http.MethodPost, sess, "3")
+		}
+	}
+	c, _, err := websocket.Dial(dctx, wsURL+"&sid="+hs.SID, nil)
+	if err != nil {
+		return nil, fmt.Errorf("dial: %w", err)
+	}
+	if err := c.Write(dctx, websocket.MessageText, []byte("2probe")); err != nil {
+		c.CloseNow()
+		return nil, err
+	}
+	if _, data, err := c.Read(dctx); err != nil || string(data) != "3probe" {
+		c.CloseNow()
+		return nil, fmt.Errorf("probe: %q %v", data, err)
+	}
+	if err := c.Write(dctx, websocket.MessageText, []byte("5")); err != nil {
+		c.CloseNow()
+		return nil, err
+	}
+	if err := c.Write(dctx, websocket.MessageText, []byte(`420["join"]`)); err != nil {
+		c.CloseNow()
+		return nil, err
+	}
+	for {
+		_, data, err := c.Read(dctx)
+		if err != nil {
+			c.CloseNow()
+			return nil, err
+		}
+		if string(data) == "2" {
+			_ = c.Write(dctx, websocket.MessageText, []byte("3"))
+			continue
+		}
+		if bytes.HasPrefix(data, []byte("430[")) {
+			return c, nil
+		}
+	}
 }
 
 // read records `42["tick",seq,sentUnixNano,pad]` until it has every event.

@@ -36,6 +36,16 @@ type Config struct {
 	LogFormat string `env:"LOG_FORMAT" envDefault:"text"`
 	// ShutdownTimeout bounds the drain of in-flight requests on SIGTERM/SIGINT.
 	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"30s"`
+	// NodeAddr is the host:port other nodes reach this one at (advertised
+	// in its lease). Default: the listen address, with this host's name for
+	// an unspecified host.
+	NodeAddr string `env:"NODE_ADDR"`
+	// BusURL selects the event bus between nodes: empty means PostgreSQL
+	// NOTIFY (on PostgreSQL; in-process on SQLite), nats://host:port a NATS
+	// server (several servers comma-separated).
+	BusURL string `env:"BUS_URL"`
+	// BusSubject is the NATS subject the nodes of one deployment share.
+	BusSubject string `env:"BUS_SUBJECT" envDefault:"joblib.events"`
 
 	Server   server.Config
 	Realtime server.RealtimeConfig
@@ -81,6 +91,22 @@ func (c Config) validate() error {
 	if c.Server.MaxBodyBytes <= 0 {
 		return fmt.Errorf("JOBLIB_MAX_BODY_BYTES must be positive, got %d", c.Server.MaxBodyBytes)
 	}
+	if c.BusURL != "" {
+		for _, u := range strings.Split(c.BusURL, ",") {
+			if u = strings.TrimSpace(u); !strings.HasPrefix(u, "nats://") && !strings.HasPrefix(u, "tls://") {
+				return fmt.Errorf("JOBLIB_BUS_URL must be nats://host:port (or tls://), got %q", u)
+			}
+		}
+		if c.BusSubject == "" || strings.ContainsAny(c.BusSubject, " \t*>") {
+			return fmt.Errorf("JOBLIB_BUS_SUBJECT must be a plain NATS subject, got %q", c.BusSubject)
+		}
+	}
+	if c.Server.MaxJSONDepth < 1 || c.Server.MaxListOffset < 1 {
+		return fmt.Errorf("JOBLIB_MAX_JSON_DEPTH must be positive and JOBLIB_MAX_LIST_OFFSET positive, got %d and %d", c.Server.MaxJSONDepth, c.Server.MaxListOffset)
+	}
+	if c.Server.ReadDBTimeout < 0 || c.Server.WriteDBTimeout < 0 {
+		return errors.New("JOBLIB_READ_DB_TIMEOUT and JOBLIB_WRITE_DB_TIMEOUT must not be negative")
+	}
 	if c.DatabaseURL == "" {
 		return errors.New("JOBLIB_DATABASE_URL must not be empty")
 	}
@@ -92,6 +118,10 @@ func (c Config) validate() error {
 	}
 	if c.Realtime.MaxMessageBytes <= 0 || c.Realtime.SendQueue <= 0 {
 		return errors.New("JOBLIB_SOCKET_MAX_MESSAGE_BYTES and JOBLIB_SOCKET_SEND_QUEUE must be positive")
+	}
+	if r := c.Realtime; r.ConnectTimeout <= 0 || r.MaxAttachments <= 0 || r.MaxEventBytes <= 0 || r.MaxJSONDepth <= 0 ||
+		r.MaxRooms <= 0 || r.MaxSessions <= 0 || r.MaxSessionsPerAddr <= 0 || r.MaxHints <= 0 {
+		return errors.New("JOBLIB_SOCKET_CONNECT_TIMEOUT, _MAX_ATTACHMENTS, _MAX_EVENT_BYTES, _MAX_JSON_DEPTH, _MAX_ROOMS, _MAX_SESSIONS, _MAX_SESSIONS_PER_ADDR and _MAX_HINTS must be positive")
 	}
 	return c.Server.Validate()
 }

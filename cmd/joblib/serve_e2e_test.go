@@ -48,13 +48,9 @@ func TestServeTwoNodesProviderWake(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	cache, err := models.NewPGResultCache(db, models.PGResultCacheConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		held, err := cache.Inflight(t.Context(), models.ResultKey{ProviderID: prov.ID, Hash: hash})
+		held, err := db.InflightHeld(t.Context(), models.ResultKey{ProviderID: prov.ID, Hash: hash})
 		if err != nil {
 			t.Fatal(err)
 		}

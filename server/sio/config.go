@@ -6,7 +6,8 @@ import (
 	"time"
 )
 
-// Defaults applied by New to zero Config fields.
+// Defaults applied by New to zero Config fields (see also the engineio
+// package's defaults).
 const (
 	DefaultPingInterval   = 25 * time.Second
 	DefaultPingTimeout    = 20 * time.Second
@@ -15,49 +16,94 @@ const (
 	DefaultUpgradeTimeout = 10 * time.Second
 	DefaultSendQueue      = 1024
 	DefaultWriteTimeout   = 10 * time.Second
+	DefaultMaxAttachments = 64
+	DefaultMaxEventBytes  = 10_000_000
+	DefaultMaxDepth       = 64
+	DefaultMaxRooms       = 1000
 )
+
+// DefaultKeepHeaders are the handshake headers kept for Handler.OnConnect.
+var DefaultKeepHeaders = []string{"Authorization", "Cookie", "Origin", "User-Agent", "X-Forwarded-For"}
+
+// maxKeptHeaderBytes bounds each kept header value; longer values are dropped.
+const maxKeptHeaderBytes = 8 << 10
 
 // Config tunes a Server. The zero value is usable: every zero field takes its
 // Default* value.
 type Config struct {
-	// PingInterval is how often the server pings every session (default 25s). The
-	// next ping is scheduled PingInterval after the previous pong, whatever other
-	// traffic flows: socket.io-client only re-arms its own timer on pings.
+	// PingInterval is how often the server pings every session (default 25s).
 	PingInterval time.Duration
 	// PingTimeout is how long a ping may stay unanswered before the session is
 	// closed with reason "ping timeout" (default 20s).
 	PingTimeout time.Duration
 	// MaxPayload bounds one websocket message and one polling POST body, in bytes
-	// (default 1_000_000). Bigger websocket messages close the session (close code
-	// 1009); bigger POST bodies are answered 413 and close the session. Both use
-	// reason "payload too large".
+	// (default 1_000_000). Past it the session closes with "payload too large".
 	MaxPayload int64
-	// ConnectTimeout closes an Engine.IO session that has not joined namespace "/"
-	// within this time of opening (or of leaving it) (default 45s).
+	// ConnectTimeout closes an Engine.IO session that is in no namespace
+	// within this time of opening (or of leaving its last one) (default 45s).
 	ConnectTimeout time.Duration
-	// UpgradeTimeout bounds a polling→websocket upgrade from the websocket
-	// handshake to the client's upgrade packet (default 10s). On expiry the probe
-	// websocket is closed and the session keeps polling.
+	// UpgradeTimeout bounds a polling→websocket upgrade (default 10s).
 	UpgradeTimeout time.Duration
-	// SendQueue bounds the outbound queue of one connection, in Socket.IO packets
+	// SendQueue bounds the outbound queue of one session, in Socket.IO packets
 	// (an event and its binary attachments count once) (default 1024). A full
-	// queue closes that connection with reason "slow consumer" (websocket close
-	// code 4008); nobody else waits. It also bounds the inbound events waiting for
+	// queue closes that session with reason "slow consumer" (close code 4008);
+	// nobody else waits. It also bounds the inbound events waiting for
 	// Handler.OnEvent (reason "event queue full" when exceeded).
 	SendQueue int
-	// WriteTimeout bounds every websocket frame write (default 10s); an expired
-	// write closes the session with reason "transport error".
+	// WriteTimeout bounds a stuck websocket write (default 10s; checked at
+	// every heartbeat).
 	WriteTimeout time.Duration
 	// OriginPatterns lists the browser origins allowed besides the request's own
-	// host, as host patterns ("app.example.com", "*.example.com") or full-origin
-	// patterns containing "://" (path.Match syntax, case-insensitive). It is passed
-	// to websocket.AcceptOptions.OriginPatterns and is the CORS allow-list for
-	// polling. Requests without an Origin header are always allowed; other
-	// origins get 403.
+	// host (see engineio.Config.OriginPatterns).
 	OriginPatterns []string
+
+	// MaxAttachments bounds the binary attachments one packet may announce
+	// (default 64).
+	MaxAttachments int
+	// MaxEventBytes bounds one packet with all its attachments, counted as they
+	// arrive (default 10_000_000). Attachments past it are discarded, not kept.
+	MaxEventBytes int64
+	// MaxDepth bounds how deeply arrays and objects nest in an event's
+	// arguments (default 64), checked in one pass before anything else reads
+	// them.
+	MaxDepth int
+	// MaxRooms bounds the rooms one socket is in, its own room included
+	// (default 1000); Socket.Join returns ErrTooManyRooms past it.
+	MaxRooms int
+	// MaxSessions and MaxSessionsPerAddr bound the Engine.IO sessions in total
+	// and per remote IP (defaults: engineio.DefaultMaxSessions and
+	// engineio.DefaultMaxSessionsPerAddr).
+	MaxSessions        int
+	MaxSessionsPerAddr int
+	// MaxHints bounds the hints (Socket.EmitHint, Namespace.EmitHintTo)
+	// waiting for one session (default engineio.DefaultMaxHints).
+	MaxHints int
+	// SessionID generates Engine.IO session ids (see engineio.Config.SessionID).
+	SessionID func() string
+	// KeepHeaders lists the handshake headers kept for Handler.OnConnect
+	// (default DefaultKeepHeaders); values over 8 KiB are dropped. The rest of
+	// the handshake request is not kept.
+	KeepHeaders []string
+	// RejectAck, if set, answers a packet that asked for an ack and exceeded
+	// a budget (attachments, event bytes, depth): the ack carries its
+	// result instead of the session being closed. Without it, or without an
+	// ack id, the session is closed with the budget's reason.
+	RejectAck func(limit string) []any
+	// OnReject, if set, is called with the budget's name for every refusal
+	// (see the Limit* constants and engineio's). It must not block.
+	OnReject func(limit string)
 	// Logger receives connection-level diagnostics (default: discard).
 	Logger *slog.Logger
 }
+
+// Budget names passed to Config.OnReject by this package.
+const (
+	LimitAttachments = "socket_attachments"
+	LimitEventBytes  = "socket_event_bytes"
+	LimitDepth       = "socket_json_depth"
+	LimitRooms       = "socket_rooms"
+	LimitConnect     = "socket_connect_timeout"
+)
 
 func (c Config) withDefaults() Config {
 	c.PingInterval = cmp.Or(c.PingInterval, DefaultPingInterval)
@@ -67,6 +113,16 @@ func (c Config) withDefaults() Config {
 	c.UpgradeTimeout = cmp.Or(c.UpgradeTimeout, DefaultUpgradeTimeout)
 	c.SendQueue = cmp.Or(c.SendQueue, DefaultSendQueue)
 	c.WriteTimeout = cmp.Or(c.WriteTimeout, DefaultWriteTimeout)
+	c.MaxAttachments = cmp.Or(c.MaxAttachments, DefaultMaxAttachments)
+	c.MaxEventBytes = cmp.Or(c.MaxEventBytes, DefaultMaxEventBytes)
+	c.MaxDepth = cmp.Or(c.MaxDepth, DefaultMaxDepth)
+	c.MaxRooms = cmp.Or(c.MaxRooms, DefaultMaxRooms)
+	if c.KeepHeaders == nil {
+		c.KeepHeaders = DefaultKeepHeaders
+	}
+	if c.OnReject == nil {
+		c.OnReject = func(string) {}
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}

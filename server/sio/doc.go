@@ -1,16 +1,26 @@
-// Package sio is an Engine.IO v4 / Socket.IO v5 server for the single namespace
-// "/", on github.com/coder/websocket. It speaks to unmodified socket.io-client 4.x
-// and python-socketio 5.x over websocket, HTTP long-polling, and the upgrade from
-// polling to websocket. The packet codec lives in package wire.
+// Package sio is a Socket.IO v5 server on the Engine.IO v4 server of package
+// engineio (websocket, HTTP long-polling and the upgrade between them). It
+// speaks to unmodified socket.io-client 4.x and python-socketio 5.x:
+// namespaces (each with its own handler and auth, several multiplexed on one
+// Engine.IO session), rooms, acknowledgements in both directions and binary
+// attachments. The packet codec lives in package wire.
 //
 // # API
 //
-//	func New(cfg Config, h Handler) *Server
+//	func New(cfg Config, h Handler) *Server             // h serves namespace "/"
+//	func (*Server) Of(name string, h Handler) *Namespace // register another namespace
 //	func (*Server) ServeHTTP(w http.ResponseWriter, r *http.Request) // mount at "/socket.io/"
-//	func (*Server) EmitTo(room, event string, args ...any) error
+//	func (*Server) EmitTo(room, event string, args ...any) error     // namespace "/"
+//	func (*Server) EmitHintTo(room, event string, args ...any) error
 //	func (*Server) RoomSize(room string) int
 //	func (*Server) NumSockets() int
+//	func (*Server) Engine() *engineio.Server
 //	func (*Server) Shutdown(ctx context.Context) error
+//
+//	func (*Namespace) EmitTo(room, event string, args ...any) error
+//	func (*Namespace) EmitHintTo(room, event string, args ...any) error
+//	func (*Namespace) RoomSize(room string) int
+//	func (*Namespace) NumSockets() int
 //
 //	type Handler interface {
 //		OnConnect(ctx context.Context, s *Socket, req *http.Request, auth json.RawMessage) error
@@ -21,10 +31,12 @@
 //	type AckFunc func(args ...any) error
 //
 //	func (*Socket) ID() string
-//	func (*Socket) Join(room string)
+//	func (*Socket) Namespace() *Namespace
+//	func (*Socket) Join(room string) error
 //	func (*Socket) Leave(room string)
 //	func (*Socket) Rooms() []string
 //	func (*Socket) Emit(event string, args ...any) error
+//	func (*Socket) EmitHint(event string, args ...any) (bool, error)
 //	func (*Socket) EmitWithAck(ctx context.Context, event string, args ...any) ([]json.RawMessage, error)
 //	func (*Socket) Disconnect()
 //	func (*Socket) Close(reason string)
@@ -35,10 +47,31 @@
 //
 // EmitTo returns an error (unlike a fire-and-forget broadcast) because a reserved
 // event name or an argument that encoding/json rejects must not pass silently.
+// It encodes the packet once; every member's session queues the same bytes.
+//
+// # Namespaces
+//
+// A client's CONNECT for a namespace that is not registered gets
+// CONNECT_ERROR {"message":"Invalid namespace"} and its session stays up.
+// Each namespace has its own rooms. A session that is in no namespace within
+// Config.ConnectTimeout of opening (or of leaving its last one) is closed
+// (close code 4003); refused CONNECTs do not extend that time.
+//
+// # Budgets
+//
+// Config.MaxAttachments (attachments one packet may announce),
+// Config.MaxEventBytes (a packet with its attachments, counted as they
+// arrive: past it they are dropped at once), Config.MaxDepth (nesting of an
+// event's arguments, checked in one pass before anything decodes them) and
+// Config.MaxRooms (rooms per socket). A packet past a budget gets the ack
+// built by Config.RejectAck if it asked for one, otherwise its session is
+// closed (close code 4010, the budget's reason); Join past MaxRooms returns
+// ErrTooManyRooms. Every refusal is reported to Config.OnReject.
 //
 // # Handler calls
 //
-// OnConnect, OnEvent and OnDisconnect for one socket run one at a time, in the
+// OnConnect, OnEvent and OnDisconnect for one session (all its namespaces) run
+// one at a time, in the
 // order the packets arrived, on a goroutine that is started on demand and is not
 // the transport's reader: a slow handler never delays pongs or other
 // connections. Packets of one connection still wait for that connection's
@@ -51,11 +84,12 @@
 //
 // # Outbound flow control
 //
-// Every connection has one bounded queue (Config.SendQueue packets) and one
-// writer. Emit, acks and EmitTo never block: EmitTo encodes once, snapshots the
-// room and enqueues to each member; a member whose queue is full is closed with
-// reason "slow consumer" (close code 4008) and the broadcast goes on. Each
-// websocket frame write has its own Config.WriteTimeout.
+// Every session has one bounded queue (Config.SendQueue packets) and at most
+// one writer. Emit, acks and EmitTo never block: EmitTo encodes once, snapshots
+// the room and enqueues to each member; a member whose queue is full is closed
+// with reason "slow consumer" (close code 4008) and the broadcast goes on.
+// EmitHintTo sends hints: events a receiver can do without, dropped for a
+// member that is behind instead of closing it. Heartbeat pings jump the queue.
 //
 // # Disconnect reasons and websocket close codes
 //
@@ -71,10 +105,13 @@
 //	transport error                4004  reconnects (write failed or timed out, overlapping polls)
 //	slow consumer                  4008  reconnects
 //	event queue full               4009  reconnects (more than SendQueue events waiting for OnEvent)
+//	too many attachments           4010  reconnects (Config.MaxAttachments)
+//	event too large                4010  reconnects (Config.MaxEventBytes)
+//	nesting too deep               4010  reconnects (Config.MaxDepth)
 //	<Socket.Close reason>          4000  reconnects
 //
-// A session that never joins "/" within ConnectTimeout is closed (code 4003);
-// no socket exists, so no handler is called.
+// A session that is in no namespace within ConnectTimeout is closed (code
+// 4003); no socket exists, so no handler is called.
 //
 // # Shutdown
 //

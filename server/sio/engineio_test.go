@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/zndraw/joblib/server/sio/engineio"
 )
 
 // Engine.IO cases, re-expressed from the engine.io-protocol compliance suite.
@@ -217,11 +218,7 @@ func TestPollingForcedClose(t *testing.T) {
 		_, body, _ := httpDo(t, http.MethodGet, pc.url(), "")
 		got <- body
 	}()
-	eventually(t, ioTimeout, "pending GET", func() bool {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		return s.getActive
-	})
+	eventually(t, ioTimeout, "pending GET", s.PollWaiting)
 	pc.mustPost("1")
 	if body := <-got; body != "6" {
 		t.Fatalf("pending GET = %q, want noop", body)
@@ -286,11 +283,7 @@ func TestPollingOverlappingGET(t *testing.T) {
 		_, body, _ := httpDo(t, http.MethodGet, pc.url(), "")
 		got <- body
 	}()
-	eventually(t, ioTimeout, "pending GET", func() bool {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		return s.getActive
-	})
+	eventually(t, ioTimeout, "pending GET", s.PollWaiting)
 	if status, _ := pc.get(); status != 400 {
 		t.Fatalf("second GET = %d, want 400", status)
 	}
@@ -414,11 +407,7 @@ func upgradeToWebSocket(t *testing.T, ts *testServer, pc *pollClient) *wsClient 
 		_, body, _ := httpDo(t, http.MethodGet, pc.url(), "")
 		pending <- body
 	}()
-	eventually(t, ioTimeout, "pending GET", func() bool {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		return s.getActive
-	})
+	eventually(t, ioTimeout, "pending GET", s.PollWaiting)
 	w := dialWS(t, ts, pc.sid)
 	w.send("2probe")
 	if _, data := w.read(); string(data) != "3probe" {
@@ -453,32 +442,32 @@ func TestUpgrade(t *testing.T) {
 	if status, _ := pc.post(`42["echo"]`); status != 400 {
 		t.Fatalf("POST after upgrade = %d, want 400", status)
 	}
-	// A second websocket for the same session is refused.
+	// A second websocket for the same session is accepted and closed at once
+	// without a status, as the reference server does.
 	ctx, cancel := context.WithTimeout(context.Background(), ioTimeout)
 	defer cancel()
-	c, res, err := websocket.Dial(ctx, ts.wsEndpoint("EIO=4&transport=websocket&sid="+pc.sid), nil)
-	if err == nil {
-		c.CloseNow()
-		t.Fatal("second websocket accepted")
+	c, _, err := websocket.Dial(ctx, ts.wsEndpoint("EIO=4&transport=websocket&sid="+pc.sid), nil)
+	if err != nil {
+		t.Fatalf("second websocket: %v", err)
 	}
-	if res == nil || res.StatusCode != 400 {
-		t.Fatalf("second websocket: %v %v", res, err)
+	_, _, err = c.Read(ctx)
+	if code := websocket.CloseStatus(err); code != websocket.StatusNoStatusRcvd {
+		t.Fatalf("second websocket read: %v (code %d), want a close without status", err, code)
 	}
+	c.CloseNow()
 	// The first one still works.
 	w.send(`420["echo","still"]`)
 	if got := w.next(); got != `430["still"]` {
 		t.Fatalf("got %q", got)
 	}
-	if tr := transportOf(ts, pc.sid); tr != transportWebSocket {
+	if tr := transportOf(ts, pc.sid); tr != engineio.WebSocket {
 		t.Fatalf("transport %q", tr)
 	}
 }
 
 func transportOf(ts *testServer, sid string) string {
 	s := ts.session(sid)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.transport
+	return s.Transport()
 }
 
 func TestUpgradeMovesQueueInOrder(t *testing.T) {
@@ -492,11 +481,7 @@ func TestUpgradeMovesQueueInOrder(t *testing.T) {
 		_, body, _ := httpDo(t, http.MethodGet, pc.url(), "")
 		pending <- body
 	}()
-	eventually(t, ioTimeout, "pending GET", func() bool {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		return s.getActive
-	})
+	eventually(t, ioTimeout, "pending GET", s.PollWaiting)
 	w := dialWS(t, ts, pc.sid)
 	w.send("2probe")
 	if _, data := w.read(); string(data) != "3probe" {
@@ -550,7 +535,65 @@ func TestUpgradeTimeoutKeepsPolling(t *testing.T) {
 	if got := pc.next(); !reflect.DeepEqual(got, []string{`430["polling"]`}) {
 		t.Fatalf("got %q", got)
 	}
-	if tr := transportOf(ts, pc.sid); tr != transportPolling {
+	if tr := transportOf(ts, pc.sid); tr != engineio.Polling {
 		t.Fatalf("transport %q", tr)
+	}
+}
+
+// Engine.IO error codes of HTTP 400 bodies (engine.io's Server.errors).
+const (
+	codeTransportUnknown   = 0
+	codeUnknownSID         = 1
+	codeBadHandshakeMethod = 2
+	codeBadRequest         = 3
+	codeUnsupportedVersion = 5
+)
+
+// TestPollingRaces pins the answers to polling requests that race an
+// upgrade: a GET in flight when "5" arrives is released with a noop whether
+// it arrived before or after the probe; any GET or POST after "5" has been
+// processed gets 400
+// (the reference server's transport mismatch), and the websocket carries on.
+// (A close POSTed while a GET is pending: see TestPollingForcedClose.)
+func TestPollingRaces(t *testing.T) {
+	t.Parallel()
+	ts := startServer(t, testConfig(), nil)
+	for range 5 {
+		pc, _ := pollOpen(t, ts)
+		pc.connect()
+		w := dialWS(t, ts, pc.sid)
+		w.send("2probe")
+		if _, data := w.read(); string(data) != "3probe" {
+			t.Fatalf("probe reply %q", data)
+		}
+		inFlight := make(chan string, 1)
+		go func() {
+			_, body, _ := httpDo(t, http.MethodGet, pc.url(), "")
+			inFlight <- body
+		}()
+		// The GET is pending (or already released by the upgrade's noop
+		// timer) before "5" is sent.
+		s := ts.session(pc.sid)
+		eventually(t, ioTimeout, "GET pending or answered", func() bool { return s.PollWaiting() || len(inFlight) > 0 })
+		w.send("5")
+		for body := <-inFlight; body != "6"; _, body = pc.get() {
+			if body != "2" { // a ping queued before the upgrade may come first
+				t.Fatalf("GET racing the upgrade = %q, want noop", body)
+			}
+			pc.mustPost("3")
+		}
+		// A GET that reaches the server before "5" is processed gets a noop;
+		// once "5" is processed every GET or POST gets 400.
+		eventually(t, ioTimeout, "upgrade done", func() bool { return s.Transport() == engineio.WebSocket })
+		if status, _ := pc.get(); status != 400 {
+			t.Fatalf("GET right after 5 = %d, want 400", status)
+		}
+		if status, _ := pc.post("3"); status != 400 {
+			t.Fatalf("POST right after 5 = %d, want 400", status)
+		}
+		w.send(`420["echo","ws"]`)
+		if got := w.next(); got != `430["ws"]` {
+			t.Fatalf("websocket after the upgrade: %q", got)
+		}
 	}
 }

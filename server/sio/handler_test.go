@@ -103,9 +103,13 @@ func (h *testHandler) OnEvent(ctx context.Context, s *Socket, ev Event, ack AckF
 			_ = ack(vals...)
 		}
 	case "join":
-		s.Join(str(0))
+		err := s.Join(str(0))
 		if ack != nil {
-			_ = ack("joined")
+			if err != nil {
+				_ = ack(err.Error())
+			} else {
+				_ = ack("joined")
+			}
 		}
 	case "broadcast": // ["broadcast", room, payload]
 		var payload any
@@ -166,7 +170,7 @@ func testConfig() Config {
 	return Config{
 		PingInterval:   300 * time.Millisecond,
 		PingTimeout:    time.Second,
-		ConnectTimeout: 1 * time.Second,
+		ConnectTimeout: 2 * time.Second,
 		UpgradeTimeout: 2 * time.Second,
 	}
 }
@@ -178,11 +182,61 @@ func heartbeatConfig() Config {
 	return cfg
 }
 
+// adminHandler serves namespace "/admin": only the token "admin" connects.
+type adminHandler struct {
+	disconnCh chan disconnectRecord
+}
+
+func (h *adminHandler) OnConnect(ctx context.Context, s *Socket, req *http.Request, auth json.RawMessage) error {
+	var a map[string]any
+	_ = json.Unmarshal(auth, &a)
+	if tok, _ := a["token"].(string); tok != "admin" {
+		return refusal{data: map[string]any{"reason": "admin only"}}
+	}
+	return nil
+}
+
+func (h *adminHandler) OnEvent(ctx context.Context, s *Socket, ev Event, ack AckFunc) {
+	vals, err := args(ev)
+	if err != nil {
+		s.Close("bad attachments")
+		return
+	}
+	switch ev.Name {
+	case "whoami":
+		if ack != nil {
+			_ = ack(s.Namespace().Name())
+		}
+	case "echo":
+		if ack != nil {
+			_ = ack(vals...)
+		}
+	case "join":
+		_ = s.Join(vals[0].(string))
+		if ack != nil {
+			_ = ack("joined")
+		}
+	case "broadcast": // ["broadcast", room, payload]
+		_ = s.Namespace().EmitTo(vals[0].(string), "news", vals[1])
+		if ack != nil {
+			_ = ack(true)
+		}
+	}
+}
+
+func (h *adminHandler) OnDisconnect(s *Socket, reason string) {
+	select {
+	case h.disconnCh <- disconnectRecord{id: s.ID(), reason: reason}:
+	default:
+	}
+}
+
 type testServer struct {
-	srv  *Server
-	h    *testHandler
-	http *httptest.Server
-	url  string // http://127.0.0.1:port
+	srv   *Server
+	h     *testHandler
+	admin *adminHandler
+	http  *httptest.Server
+	url   string // http://127.0.0.1:port
 }
 
 // startServer runs a Server behind httptest and shuts both down at cleanup,
@@ -194,6 +248,8 @@ func startServer(t *testing.T, cfg Config, h *testHandler) *testServer {
 	}
 	srv := New(cfg, h)
 	h.srv = srv
+	admin := &adminHandler{disconnCh: make(chan disconnectRecord, 64)}
+	srv.Of("/admin", admin)
 	mux := http.NewServeMux()
 	mux.Handle("/socket.io/", srv)
 	hs := httptest.NewServer(mux)
@@ -203,12 +259,12 @@ func startServer(t *testing.T, cfg Config, h *testHandler) *testServer {
 		if err := srv.Shutdown(ctx); err != nil {
 			t.Errorf("Shutdown: %v", err)
 		}
-		if n := srv.tr.count(); n != 0 {
+		if n := srv.goroutines(); n != 0 {
 			t.Errorf("%d server goroutines left after Shutdown", n)
 		}
 		hs.Close()
 	})
-	return &testServer{srv: srv, h: h, http: hs, url: hs.URL}
+	return &testServer{srv: srv, h: h, admin: admin, http: hs, url: hs.URL}
 }
 
 // newHTTPServer serves srv without the Shutdown cleanup of startServer.

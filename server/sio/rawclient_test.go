@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/zndraw/joblib/server/sio/engineio"
 )
 
 // Raw protocol clients for the compliance-style tests: net/http for polling and
@@ -71,7 +72,7 @@ func (ts *testServer) wsEndpoint(query string) string {
 }
 
 // session looks up a live engine session (test-only access to internals).
-func (ts *testServer) session(sid string) *session { return ts.srv.lookup(sid) }
+func (ts *testServer) session(sid string) *engineio.Conn { return ts.srv.eio.Lookup(sid) }
 
 // ---- polling ----
 

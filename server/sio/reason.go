@@ -4,6 +4,7 @@ import (
 	"errors"
 
 	"github.com/coder/websocket"
+	"github.com/zndraw/joblib/server/sio/engineio"
 )
 
 // Reasons passed to Handler.OnDisconnect. Socket.Close passes its own reason
@@ -11,28 +12,37 @@ import (
 const (
 	// ReasonTransportClose: the client closed the websocket or sent an Engine.IO
 	// close packet. The client reconnects.
-	ReasonTransportClose = "transport close"
-	// ReasonTransportError: a write failed or timed out, or polling requests
+	ReasonTransportClose = engineio.ReasonTransportClose
+	// ReasonTransportError: a write failed or got stuck, or polling requests
 	// overlapped. The client reconnects.
-	ReasonTransportError = "transport error"
+	ReasonTransportError = engineio.ReasonTransportError
 	// ReasonPingTimeout: no pong within PingTimeout. The client (if alive) reconnects.
-	ReasonPingTimeout = "ping timeout"
-	// ReasonClientNamespaceDisconnect: the client sent DISCONNECT for "/"
-	// (socket.disconnect()). Terminal: the client does not reconnect by itself.
+	ReasonPingTimeout = engineio.ReasonPingTimeout
+	// ReasonClientNamespaceDisconnect: the client sent DISCONNECT for the
+	// namespace (socket.disconnect()). Terminal: the client does not reconnect
+	// by itself.
 	ReasonClientNamespaceDisconnect = "client namespace disconnect"
 	// ReasonServerNamespaceDisconnect: Socket.Disconnect. Terminal: the JS client
 	// reports "io server disconnect" and does not reconnect.
 	ReasonServerNamespaceDisconnect = "server namespace disconnect"
-	// ReasonSlowConsumer: the connection's send queue overflowed. The client reconnects.
-	ReasonSlowConsumer = "slow consumer"
+	// ReasonSlowConsumer: the session's send queue overflowed. The client reconnects.
+	ReasonSlowConsumer = engineio.ReasonSlowConsumer
 	// ReasonServerShutdown: Server.Shutdown. The client reconnects (elsewhere).
-	ReasonServerShutdown = "server shutting down"
+	ReasonServerShutdown = engineio.ReasonServerShutdown
 	// ReasonParseError: the client sent an invalid or out-of-place packet.
-	ReasonParseError = "parse error"
+	ReasonParseError = engineio.ReasonParseError
 	// ReasonPayloadTooLarge: a message or POST body exceeded Config.MaxPayload.
-	ReasonPayloadTooLarge = "payload too large"
+	ReasonPayloadTooLarge = engineio.ReasonPayloadTooLarge
 	// ReasonEventQueueFull: more than Config.SendQueue events waited for OnEvent.
 	ReasonEventQueueFull = "event queue full"
+	// ReasonTooManyAttachments: a packet announced more than
+	// Config.MaxAttachments attachments.
+	ReasonTooManyAttachments = "too many attachments"
+	// ReasonEventTooLarge: a packet with its attachments exceeded
+	// Config.MaxEventBytes.
+	ReasonEventTooLarge = "event too large"
+	// ReasonTooDeep: an event's arguments nest deeper than Config.MaxDepth.
+	ReasonTooDeep = "nesting too deep"
 	// reasonConnectTimeout never reaches OnDisconnect: no socket exists yet.
 	reasonConnectTimeout = "connect timeout"
 )
@@ -40,45 +50,28 @@ const (
 // Websocket close codes sent with each reason (the reason text is the frame's
 // reason). Application codes are in the 4000–4999 range.
 const (
-	CloseCodeGeneric        websocket.StatusCode = 4000 // Socket.Close with a custom reason
-	CloseCodePingTimeout    websocket.StatusCode = 4001
-	CloseCodeParseError     websocket.StatusCode = 4002
+	CloseCodeGeneric                             = engineio.CloseCodeGeneric // Socket.Close with a custom reason
+	CloseCodePingTimeout                         = engineio.CloseCodePingTimeout
+	CloseCodeParseError                          = engineio.CloseCodeParseError
 	CloseCodeConnectTimeout websocket.StatusCode = 4003
-	CloseCodeTransportError websocket.StatusCode = 4004
-	CloseCodeSlowConsumer   websocket.StatusCode = 4008
+	CloseCodeTransportError                      = engineio.CloseCodeTransportError
+	CloseCodeSlowConsumer                        = engineio.CloseCodeSlowConsumer
 	CloseCodeEventQueueFull websocket.StatusCode = 4009
+	CloseCodeLimit          websocket.StatusCode = 4010 // too many attachments, event too large, nesting too deep
 )
 
 func closeCode(reason string) websocket.StatusCode {
 	switch reason {
-	case ReasonTransportClose, ReasonClientNamespaceDisconnect, ReasonServerNamespaceDisconnect:
+	case ReasonClientNamespaceDisconnect, ReasonServerNamespaceDisconnect:
 		return websocket.StatusNormalClosure
-	case ReasonServerShutdown:
-		return websocket.StatusGoingAway
-	case ReasonPayloadTooLarge:
-		return websocket.StatusMessageTooBig
-	case ReasonPingTimeout:
-		return CloseCodePingTimeout
-	case ReasonParseError:
-		return CloseCodeParseError
 	case reasonConnectTimeout:
 		return CloseCodeConnectTimeout
-	case ReasonTransportError:
-		return CloseCodeTransportError
-	case ReasonSlowConsumer:
-		return CloseCodeSlowConsumer
 	case ReasonEventQueueFull:
 		return CloseCodeEventQueueFull
+	case ReasonTooManyAttachments, ReasonEventTooLarge, ReasonTooDeep:
+		return CloseCodeLimit
 	}
-	return CloseCodeGeneric
-}
-
-// closeText truncates a reason to fit a websocket close frame (123 bytes).
-func closeText(reason string) string {
-	if len(reason) > 123 {
-		return reason[:123]
-	}
-	return reason
+	return engineio.CloseCode(reason)
 }
 
 // Errors returned by Socket and Server methods.
@@ -92,7 +85,6 @@ var (
 	ErrReservedEvent = errors.New("sio: reserved event name")
 	// ErrAckSent: an AckFunc was called a second time.
 	ErrAckSent = errors.New("sio: ack already sent")
+	// ErrTooManyRooms: Socket.Join past Config.MaxRooms.
+	ErrTooManyRooms = errors.New("sio: too many rooms for this socket")
 )
-
-// errQueueFull is the sendQueue's internal overflow signal.
-var errQueueFull = errors.New("send queue full")

@@ -5,9 +5,30 @@ import "sync"
 // roomTable maps room names to member sockets. Broadcasts take a snapshot under
 // the read lock and enqueue outside it, so a membership change never waits for a
 // broadcast and a broadcast never waits for a socket.
+//
+// A socket's own room (named by its id) is kept apart, in own: one map entry
+// per socket instead of a room of one.
 type roomTable struct {
-	mu sync.RWMutex
-	m  map[string]map[*Socket]struct{}
+	mu  sync.RWMutex
+	m   map[string]map[*Socket]struct{}
+	own map[string]*Socket
+}
+
+func (t *roomTable) joinOwn(s *Socket) {
+	t.mu.Lock()
+	if t.own == nil {
+		t.own = make(map[string]*Socket)
+	}
+	t.own[s.id] = s
+	t.mu.Unlock()
+}
+
+func (t *roomTable) leaveOwn(s *Socket) {
+	t.mu.Lock()
+	if t.own[s.id] == s {
+		delete(t.own, s.id)
+	}
+	t.mu.Unlock()
 }
 
 var snapshotPool = sync.Pool{New: func() any { s := make([]*Socket, 0, 64); return &s }}
@@ -51,7 +72,11 @@ func (t *roomTable) leaveAll(rooms map[string]struct{}, s *Socket) {
 func (t *roomTable) size(room string) int {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	return len(t.m[room])
+	n := len(t.m[room])
+	if t.own[room] != nil {
+		n++
+	}
+	return n
 }
 
 // snapshot returns the members of room in a pooled slice; give it back with release.
@@ -59,6 +84,9 @@ func (t *roomTable) snapshot(room string) *[]*Socket {
 	buf := snapshotPool.Get().(*[]*Socket)
 	t.mu.RLock()
 	for s := range t.m[room] {
+		*buf = append(*buf, s)
+	}
+	if s := t.own[room]; s != nil {
 		*buf = append(*buf, s)
 	}
 	t.mu.RUnlock()

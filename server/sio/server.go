@@ -2,35 +2,35 @@ package sio
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/url"
-	"path"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
-	"github.com/coder/websocket"
+	"github.com/zndraw/joblib/server/sio/engineio"
 )
 
-// Handler receives the Socket.IO life cycle of namespace "/".
+// Handler receives the Socket.IO life cycle of one namespace.
 type Handler interface {
-	// OnConnect runs when a client sends CONNECT for namespace "/". req is the HTTP
-	// request that opened the Engine.IO session (headers, cookies, query; its
-	// context is detached from the request's cancellation). auth is the CONNECT
-	// JSON payload: nil for "40" (JS client without auth), "{}" for python without
-	// auth. A non-nil error refuses: the client gets CONNECT_ERROR
-	// {"message": err.Error()} plus "data" if the error implements
+	// OnConnect runs when a client sends CONNECT for the namespace. req holds
+	// what is kept of the HTTP request that opened the Engine.IO session: method,
+	// host, remote address, path and query (up to 2 KiB) and the headers named
+	// in Config.KeepHeaders; its context is not the request's. auth is the
+	// CONNECT JSON payload: nil for "40" (JS client without auth), "{}" for
+	// python without auth. A non-nil error refuses: the client gets
+	// CONNECT_ERROR {"message": err.Error()} plus "data" if the error implements
 	// interface{ Data() any }. OnConnect must answer fast: python-socketio's
 	// connect() waits 1 s. Events emitted and rooms joined during OnConnect are
 	// delivered after the CONNECT reply (and dropped on refusal).
 	OnConnect(ctx context.Context, s *Socket, req *http.Request, auth json.RawMessage) error
-	// OnEvent handles one client EVENT or BINARY_EVENT. Calls for one socket are
-	// sequential and in arrival order, on a goroutine of their own, so a slow
-	// handler never delays heartbeats. ack is nil if the client sent no ack id.
-	// ctx is the socket's context.
+	// OnEvent handles one client EVENT or BINARY_EVENT. Calls for one session
+	// are sequential and in arrival order, on a goroutine of their own, so a
+	// slow handler never delays heartbeats. ack is nil if the client sent no
+	// ack id. ctx is the socket's context.
 	OnEvent(ctx context.Context, s *Socket, ev Event, ack AckFunc)
 	// OnDisconnect is called exactly once for every socket whose OnConnect
 	// succeeded, after any OnEvent call for that socket has returned, with one of
@@ -56,287 +56,283 @@ type Event struct {
 // ErrAckSent.
 type AckFunc func(args ...any) error
 
-// Server is an Engine.IO v4 / Socket.IO v5 server for namespace "/". Mount it at
-// "/socket.io/".
+// Server is a Socket.IO v5 server on an Engine.IO v4 server (package
+// engineio). Mount it at "/socket.io/".
 type Server struct {
-	cfg        Config
-	h          Handler
-	acceptOpts *websocket.AcceptOptions
+	cfg Config
+	eio *engineio.Server
 
-	ctx    context.Context // parent of every socket context; cancelled by Shutdown
-	cancel context.CancelFunc
+	tr tracker // handler goroutines
 
-	tr tracker
+	mu   sync.RWMutex
+	nsps map[string]*Namespace
+	main *Namespace
+}
 
-	mu       sync.Mutex
-	sessions map[string]*session
-	closed   bool
+// New returns a Server whose main namespace "/" reports to h. Zero Config
+// fields take their defaults.
+func New(cfg Config, h Handler) *Server {
+	cfg = cfg.withDefaults()
+	srv := &Server{cfg: cfg, nsps: map[string]*Namespace{}}
+	srv.main = srv.Of("/", h)
+	srv.eio = engineio.NewServer(engineio.Config{
+		PingInterval:       cfg.PingInterval,
+		PingTimeout:        cfg.PingTimeout,
+		MaxPayload:         cfg.MaxPayload,
+		UpgradeTimeout:     cfg.UpgradeTimeout,
+		SendQueue:          cfg.SendQueue,
+		WriteTimeout:       cfg.WriteTimeout,
+		MaxSessions:        cfg.MaxSessions,
+		MaxSessionsPerAddr: cfg.MaxSessionsPerAddr,
+		MaxHints:           cfg.MaxHints,
+		OriginPatterns:     cfg.OriginPatterns,
+		SessionID:          cfg.SessionID,
+		OnReject:           cfg.OnReject,
+		Logger:             cfg.Logger,
+	}, engineHandler{srv})
+	return srv
+}
 
+// Of registers namespace name (it must start with "/") served by h and
+// returns it; registering a name again replaces its handler for sockets that
+// connect afterwards. Clients connecting to a namespace that is not
+// registered get CONNECT_ERROR "Invalid namespace".
+func (srv *Server) Of(name string, h Handler) *Namespace {
+	if !strings.HasPrefix(name, "/") {
+		panic(fmt.Sprintf("sio: namespace %q must start with /", name))
+	}
+	srv.mu.Lock()
+	defer srv.mu.Unlock()
+	if n := srv.nsps[name]; n != nil {
+		n.h.Store(&h)
+		return n
+	}
+	n := &Namespace{name: name, srv: srv, rooms: roomTable{m: map[string]map[*Socket]struct{}{}}}
+	n.h.Store(&h)
+	srv.nsps[name] = n
+	return n
+}
+
+// Namespace returns the registered namespace name, or nil.
+func (srv *Server) Namespace(name string) *Namespace {
+	srv.mu.RLock()
+	defer srv.mu.RUnlock()
+	return srv.nsps[name]
+}
+
+// Engine returns the Engine.IO server underneath.
+func (srv *Server) Engine() *engineio.Server { return srv.eio }
+
+// ServeHTTP answers Engine.IO requests (polling and websocket). Mount at "/socket.io/".
+func (srv *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { srv.eio.ServeHTTP(w, r) }
+
+// EmitTo sends an event to every socket of namespace "/" in room (see
+// Namespace.EmitTo).
+func (srv *Server) EmitTo(room, event string, args ...any) error {
+	return srv.main.EmitTo(room, event, args...)
+}
+
+// EmitHintTo sends a hint to every socket of namespace "/" in room (see
+// Namespace.EmitHintTo).
+func (srv *Server) EmitHintTo(room, event string, args ...any) error {
+	return srv.main.EmitHintTo(room, event, args...)
+}
+
+// RoomSize returns the number of sockets of namespace "/" in room.
+func (srv *Server) RoomSize(room string) int { return srv.main.RoomSize(room) }
+
+// NumSockets returns the number of connected sockets of namespace "/"
+// (OnConnect succeeded, OnDisconnect not yet called).
+func (srv *Server) NumSockets() int { return srv.main.NumSockets() }
+
+// Shutdown stops accepting sessions, closes every session (OnDisconnect gets
+// "server shutting down"; websocket clients see close code 1001, a pending
+// poll gets a close packet) and waits until every goroutine of the server has
+// exited, including running handler calls. If ctx ends first, every remaining
+// connection is torn down without a close handshake, Shutdown waits for the
+// goroutines that this unblocks, and returns ctx's error. Safe to call more
+// than once.
+func (srv *Server) Shutdown(ctx context.Context) error {
+	err := srv.eio.Shutdown(ctx)
+	if werr := srv.tr.wait(ctx); err == nil {
+		err = werr
+	}
+	if err != nil {
+		_ = srv.tr.wait(context.WithoutCancel(ctx))
+	}
+	return err
+}
+
+// goroutines counts the goroutines of both layers.
+func (srv *Server) goroutines() int { return srv.tr.count() + srv.eio.Goroutines() }
+
+// Rooms lists the rooms of the main namespace that have members on this
+// server.
+func (srv *Server) Rooms() []string { return srv.main.Rooms() }
+
+// Namespace is one Socket.IO namespace: its handler, sockets and rooms.
+type Namespace struct {
+	name     string
+	srv      *Server
+	h        atomic.Pointer[Handler]
 	rooms    roomTable
 	nsockets atomic.Int64
 }
 
-// New returns a Server that reports to h. Zero Config fields take their defaults.
-func New(cfg Config, h Handler) *Server {
-	cfg = cfg.withDefaults()
-	ctx, cancel := context.WithCancel(context.Background())
-	return &Server{
-		cfg:        cfg,
-		h:          h,
-		acceptOpts: &websocket.AcceptOptions{OriginPatterns: cfg.OriginPatterns},
-		ctx:        ctx,
-		cancel:     cancel,
-		sessions:   make(map[string]*session),
-		rooms:      roomTable{m: make(map[string]map[*Socket]struct{})},
-	}
-}
+// Name returns the namespace's name ("/", "/admin", ...).
+func (n *Namespace) Name() string { return n.name }
 
-// Engine.IO error codes for HTTP 400 bodies.
-const (
-	codeTransportUnknown   = 0
-	codeUnknownSID         = 1
-	codeBadHandshakeMethod = 2
-	codeBadRequest         = 3
-	codeForbidden          = 4
-	codeUnsupportedVersion = 5
-)
+func (n *Namespace) handler() Handler { return *n.h.Load() }
 
-var codeMessages = map[int]string{
-	codeTransportUnknown:   "Transport unknown",
-	codeUnknownSID:         "Session ID unknown",
-	codeBadHandshakeMethod: "Bad handshake method",
-	codeBadRequest:         "Bad request",
-	codeForbidden:          "Forbidden",
-	codeUnsupportedVersion: "Unsupported protocol version",
-}
-
-func writeError(w http.ResponseWriter, status, code int) {
-	body, _ := json.Marshal(struct {
-		Code    int    `json:"code"`
-		Message string `json:"message"`
-	}{code, codeMessages[code]})
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_, _ = w.Write(body)
-}
-
-// ServeHTTP answers Engine.IO requests (polling and websocket). Mount at "/socket.io/".
-func (srv *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
-	transport := q.Get("transport")
-	if r.Header.Get("Origin") != "" {
-		if !srv.originAllowed(r) {
-			// Logged: a browser refused for its origin otherwise only sees a
-			// CORS failure, and the operator nothing at all.
-			srv.cfg.Logger.Warn("socket refused: origin not allowed", "origin", r.Header.Get("Origin"), "host", r.Host,
-				"transport", transport, "remote", r.RemoteAddr)
-			writeError(w, http.StatusForbidden, codeForbidden)
-			return
-		}
-		if transport != "websocket" {
-			h := w.Header()
-			h.Set("Access-Control-Allow-Origin", r.Header.Get("Origin"))
-			h.Set("Access-Control-Allow-Credentials", "true")
-			h.Add("Vary", "Origin")
-		}
-	}
-	if r.Method == http.MethodOptions {
-		h := w.Header()
-		h.Set("Access-Control-Allow-Methods", "GET, POST, OPTIONS")
-		if req := r.Header.Get("Access-Control-Request-Headers"); req != "" {
-			h.Set("Access-Control-Allow-Headers", req)
-		}
-		h.Set("Access-Control-Max-Age", "86400")
-		w.WriteHeader(http.StatusNoContent)
-		return
-	}
-	if q.Get("EIO") != "4" {
-		writeError(w, http.StatusBadRequest, codeUnsupportedVersion)
-		return
-	}
-	sid := q.Get("sid")
-	switch transport {
-	case transportWebSocket:
-		if r.Method != http.MethodGet {
-			writeError(w, http.StatusBadRequest, codeBadHandshakeMethod)
-			return
-		}
-		if sid == "" {
-			srv.serveWebSocket(w, r)
-		} else {
-			srv.serveUpgrade(w, r, sid)
-		}
-	case transportPolling:
-		if sid == "" {
-			if r.Method != http.MethodGet {
-				writeError(w, http.StatusBadRequest, codeBadHandshakeMethod)
-				return
-			}
-			srv.servePollingHandshake(w, r)
-			return
-		}
-		s := srv.lookup(sid)
-		if s == nil {
-			writeError(w, http.StatusBadRequest, codeUnknownSID)
-			return
-		}
-		switch r.Method {
-		case http.MethodGet:
-			s.servePoll(w, r)
-		case http.MethodPost:
-			s.servePost(w, r)
-		default:
-			writeError(w, http.StatusBadRequest, codeBadRequest)
-		}
-	default:
-		writeError(w, http.StatusBadRequest, codeTransportUnknown)
-	}
-}
-
-// originAllowed applies the same rule as websocket.Accept: same host as the
-// request, or a match in OriginPatterns.
-func (srv *Server) originAllowed(r *http.Request) bool {
-	origin := r.Header.Get("Origin")
-	u, err := url.Parse(origin)
-	if err != nil || u.Host == "" {
-		return false
-	}
-	if strings.EqualFold(u.Host, r.Host) {
-		return true
-	}
-	for _, p := range srv.cfg.OriginPatterns {
-		target := u.Host
-		if strings.Contains(p, "://") {
-			target = origin
-		}
-		if ok, _ := path.Match(strings.ToLower(p), strings.ToLower(target)); ok {
-			return true
-		}
-	}
-	return false
-}
-
-func randomID() string {
-	var b [15]byte
-	_, _ = rand.Read(b[:])
-	return base64.RawURLEncoding.EncodeToString(b[:])
-}
-
-// newSession registers a session, or returns nil once Shutdown has begun.
-func (srv *Server) newSession(r *http.Request, transport string) *session {
-	s := newSession(srv, r, transport)
-	srv.mu.Lock()
-	defer srv.mu.Unlock()
-	if srv.closed {
-		return nil
-	}
-	srv.sessions[s.sid] = s
-	return s
-}
-
-func (srv *Server) lookup(sid string) *session {
-	srv.mu.Lock()
-	defer srv.mu.Unlock()
-	return srv.sessions[sid]
-}
-
-func (srv *Server) removeSession(s *session) {
-	srv.mu.Lock()
-	defer srv.mu.Unlock()
-	if srv.sessions[s.sid] == s {
-		delete(srv.sessions, s.sid)
-	}
-}
-
-// EmitTo sends an event to every socket in room. It encodes the packet once and
-// enqueues it without blocking; a socket whose queue is full is closed as a slow
-// consumer and the others are unaffected. It returns an error only for a
-// reserved event name or arguments that cannot be encoded.
-func (srv *Server) EmitTo(room, event string, args ...any) error {
-	m, err := encodeEvent(event, args, 0, false)
+// EmitTo sends an event to every socket of the namespace in room. It encodes
+// the packet once and queues the same bytes for each member without
+// blocking; a member whose queue is full is closed as a slow consumer and the
+// others are unaffected. It returns an error only for a reserved event name
+// or arguments that cannot be encoded.
+func (n *Namespace) EmitTo(room, event string, args ...any) error {
+	m, err := encodeEvent(n.name, event, args, 0, false)
 	if err != nil {
 		return err
 	}
-	members := srv.rooms.snapshot(room)
+	members := n.rooms.snapshot(room)
 	for _, sock := range *members {
-		_ = sock.sendQuiet(m)
+		_ = sock.queue(m)
 	}
 	for _, sock := range *members {
-		sock.sess.q.signal()
+		sock.c.conn.Flush()
 	}
-	srv.rooms.release(members)
+	n.rooms.release(members)
 	return nil
 }
 
-// RoomSize returns the number of sockets in room.
-func (srv *Server) RoomSize(room string) int { return srv.rooms.size(room) }
-
-// NumSockets returns the number of connected sockets (OnConnect succeeded,
-// OnDisconnect not yet called).
-func (srv *Server) NumSockets() int { return int(srv.nsockets.Load()) }
-
-// Shutdown stops accepting sessions, closes every session (OnDisconnect gets
-// "server shutting down"; websocket clients see close code 1001, a pending poll
-// gets a close packet) and waits until every goroutine of the server has
-// exited, including running handler calls. If ctx ends first, every remaining
-// connection is torn down without a close handshake, Shutdown waits for the
-// goroutines that this unblocks, and returns ctx's error. Safe to call more than once.
-func (srv *Server) Shutdown(ctx context.Context) error {
-	srv.mu.Lock()
-	srv.closed = true
-	sessions := make([]*session, 0, len(srv.sessions))
-	for _, s := range srv.sessions {
-		sessions = append(sessions, s)
-	}
-	srv.sessions = make(map[string]*session)
-	srv.mu.Unlock()
-	srv.tr.stop()
-
-	for _, s := range sessions {
-		s.close(ReasonServerShutdown, false)
-	}
-	err := srv.tr.wait(ctx)
+// EmitHintTo sends an event that its receivers can do without, such as a
+// "there is work" notice that the receiver also learns by polling: for each
+// member it is dropped rather than queued when the same packet is already
+// waiting, when too many hints are waiting, or when the member's queue is
+// half full. A hint never closes a socket as a slow consumer.
+func (n *Namespace) EmitHintTo(room, event string, args ...any) error {
+	m, err := encodeEvent(n.name, event, args, 0, false)
 	if err != nil {
-		for _, s := range sessions {
-			s.abort()
+		return err
+	}
+	members := n.rooms.snapshot(room)
+	for _, sock := range *members {
+		sock.hint(m)
+	}
+	n.rooms.release(members)
+	return nil
+}
+
+// RoomSize returns the number of sockets of the namespace in room.
+func (n *Namespace) RoomSize(room string) int { return n.rooms.size(room) }
+
+// Rooms lists the namespace's rooms that have members.
+func (n *Namespace) Rooms() []string {
+	n.rooms.mu.RLock()
+	defer n.rooms.mu.RUnlock()
+	out := make([]string, 0, len(n.rooms.m))
+	for r := range n.rooms.m {
+		out = append(out, r)
+	}
+	return out
+}
+
+// NumSockets returns the number of connected sockets of the namespace.
+func (n *Namespace) NumSockets() int { return int(n.nsockets.Load()) }
+
+// engineHandler connects the Engine.IO sessions to their Socket.IO clients.
+type engineHandler struct{ srv *Server }
+
+func (e engineHandler) OnOpen(conn *engineio.Conn, r *http.Request) error {
+	c := &client{srv: e.srv, conn: conn, hs: keepHandshake(r, e.srv.cfg.KeepHeaders)}
+	conn.SetData(c)
+	c.mu.Lock()
+	c.connectTimer = time.AfterFunc(e.srv.cfg.ConnectTimeout, c.connectTimedOut)
+	c.mu.Unlock()
+	return nil
+}
+
+func (e engineHandler) OnMessage(conn *engineio.Conn, data []byte, binary bool) {
+	c, _ := conn.Data().(*client)
+	if c == nil {
+		return
+	}
+	var err error
+	if binary {
+		err = c.onAttachment(data)
+	} else {
+		err = c.onSIO(data)
+	}
+	if err != nil {
+		c.closeFor(err)
+	}
+}
+
+func (e engineHandler) OnClose(conn *engineio.Conn, reason string) {
+	if c, _ := conn.Data().(*client); c != nil {
+		c.closed(reason)
+	}
+}
+
+// handshake is what Handler.OnConnect may need of the request that opened
+// the session; the session does not keep the request (nor most of its
+// headers) for its lifetime.
+type handshake struct {
+	method, proto, host, remote, path, query string
+	headers                                  []string // name, value, name, value...
+}
+
+func keepHandshake(r *http.Request, keep []string) *handshake {
+	h := &handshake{
+		method: r.Method, proto: r.Proto, host: strings.Clone(r.Host), remote: strings.Clone(r.RemoteAddr),
+		path: strings.Clone(r.URL.Path),
+	}
+	if len(r.URL.RawQuery) <= 2048 {
+		h.query = strings.Clone(r.URL.RawQuery)
+	}
+	for _, k := range keep {
+		vs := r.Header.Values(k)
+		size := 0
+		for _, v := range vs {
+			size += len(v)
 		}
-		_ = srv.tr.wait(context.WithoutCancel(ctx))
+		if size > maxKeptHeaderBytes {
+			continue
+		}
+		for _, v := range vs {
+			h.headers = append(h.headers, http.CanonicalHeaderKey(k), strings.Clone(v))
+		}
 	}
-	srv.cancel()
-	return err
+	return h
 }
 
-// tracker counts the server's goroutines so that Shutdown can wait for them.
+// request rebuilds a request for OnConnect (a fresh copy for each call).
+func (h *handshake) request() *http.Request {
+	r := &http.Request{
+		Method: h.method, Proto: h.proto, Host: h.host, RemoteAddr: h.remote,
+		URL: &url.URL{Path: h.path, RawQuery: h.query}, Header: make(http.Header, len(h.headers)/2),
+	}
+	r.ProtoMajor, r.ProtoMinor, _ = http.ParseHTTPVersion(h.proto)
+	for i := 0; i+1 < len(h.headers); i += 2 {
+		r.Header[h.headers[i]] = append(r.Header[h.headers[i]], h.headers[i+1])
+	}
+	return r
+}
+
+// tracker counts handler goroutines so that Shutdown can wait for them.
 type tracker struct {
-	mu      sync.Mutex
-	n       int
-	stopped bool
-	zero    chan struct{}
+	mu   sync.Mutex
+	n    int
+	zero chan struct{}
 }
 
-// start counts a new root goroutine (a websocket handler); false after stop.
-func (t *tracker) start() bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.stopped {
-		return false
-	}
-	t.addLocked()
-	return true
-}
-
-// add counts a goroutine started by an already counted one (or by a close).
 func (t *tracker) add() {
 	t.mu.Lock()
-	t.addLocked()
-	t.mu.Unlock()
-}
-
-func (t *tracker) addLocked() {
 	if t.n == 0 {
 		t.zero = make(chan struct{})
 	}
 	t.n++
+	t.mu.Unlock()
 }
 
 func (t *tracker) done() {
@@ -345,12 +341,6 @@ func (t *tracker) done() {
 	if t.n == 0 {
 		close(t.zero)
 	}
-	t.mu.Unlock()
-}
-
-func (t *tracker) stop() {
-	t.mu.Lock()
-	t.stopped = true
 	t.mu.Unlock()
 }
 

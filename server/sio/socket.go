@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/zndraw/joblib/server/sio/engineio"
 	"github.com/zndraw/joblib/server/sio/wire"
 )
 
@@ -20,30 +21,31 @@ const (
 	sockGone
 )
 
-// Socket is the namespace "/" connection of one Engine.IO session. Its methods
-// are safe for concurrent use.
+// Socket is the connection of one Engine.IO session to one namespace. Its
+// methods are safe for concurrent use.
 type Socket struct {
-	id   string
-	sess *session
-	srv  *Server
+	id string
+	c  *client
+	ns *Namespace
 
 	ctx    context.Context
 	cancel context.CancelFunc
 
 	mu       sync.Mutex
 	state    sockState
-	accepted bool     // OnConnect succeeded
-	finished bool     // OnDisconnect called
-	held     []outMsg // output produced while OnConnect runs
-	rooms    map[string]struct{}
+	accepted bool                // OnConnect succeeded
+	finished bool                // OnDisconnect called
+	held     []*engineio.Message // output produced while OnConnect runs
+	rooms    map[string]struct{} // joined rooms, not the own room
+	ownRoom  bool                // in the room named by its id
 	acks     map[uint64]chan []json.RawMessage
 	nextAck  uint64
 	data     any
 }
 
-func newSocket(s *session) *Socket {
-	sock := &Socket{id: randomID(), sess: s, srv: s.srv, rooms: make(map[string]struct{})}
-	sock.ctx, sock.cancel = context.WithCancel(s.srv.ctx)
+func newSocket(c *client, ns *Namespace) *Socket {
+	sock := &Socket{id: engineio.RandomID(), c: c, ns: ns}
+	sock.ctx, sock.cancel = context.WithCancel(context.Background())
 	return sock
 }
 
@@ -51,15 +53,14 @@ func newSocket(s *session) *Socket {
 // not the Engine.IO session id.
 func (s *Socket) ID() string { return s.id }
 
+// Namespace returns the socket's namespace.
+func (s *Socket) Namespace() *Namespace { return s.ns }
+
 // Context returns a context that is cancelled when the socket is gone.
 func (s *Socket) Context() context.Context { return s.ctx }
 
 // Transport returns "polling" or "websocket".
-func (s *Socket) Transport() string {
-	s.sess.mu.Lock()
-	defer s.sess.mu.Unlock()
-	return s.sess.transport
-}
+func (s *Socket) Transport() string { return s.c.conn.Transport() }
 
 // SetData stores per-connection state for the embedding server.
 func (s *Socket) SetData(v any) {
@@ -75,29 +76,58 @@ func (s *Socket) Data() any {
 	return s.data
 }
 
-// Join adds the socket to room. It is a no-op once the socket is gone.
-func (s *Socket) Join(room string) {
+// Join adds the socket to room. It is a no-op once the socket is gone, and
+// returns ErrTooManyRooms when the socket is already in Config.MaxRooms rooms.
+func (s *Socket) Join(room string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.state == sockGone {
-		return
+		return nil
+	}
+	if room == s.id {
+		if !s.ownRoom {
+			s.ownRoom = true
+			s.ns.rooms.joinOwn(s)
+		}
+		return nil
 	}
 	if _, ok := s.rooms[room]; ok {
-		return
+		return nil
+	}
+	if s.roomCountLocked() >= s.c.srv.cfg.MaxRooms {
+		s.c.srv.cfg.OnReject(LimitRooms)
+		return ErrTooManyRooms
+	}
+	if s.rooms == nil {
+		s.rooms = make(map[string]struct{}, 1)
 	}
 	s.rooms[room] = struct{}{}
-	s.srv.rooms.join(room, s)
+	s.ns.rooms.join(room, s)
+	return nil
+}
+
+func (s *Socket) roomCountLocked() int {
+	n := len(s.rooms)
+	if s.ownRoom {
+		n++
+	}
+	return n
 }
 
 // Leave removes the socket from room.
 func (s *Socket) Leave(room string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if room == s.id && s.ownRoom {
+		s.ownRoom = false
+		s.ns.rooms.leaveOwn(s)
+		return
+	}
 	if _, ok := s.rooms[room]; !ok {
 		return
 	}
 	delete(s.rooms, room)
-	s.srv.rooms.leave(room, s)
+	s.ns.rooms.leave(room, s)
 }
 
 // Rooms returns the rooms the socket is in, sorted; the socket's own id is one
@@ -105,9 +135,12 @@ func (s *Socket) Leave(room string) {
 func (s *Socket) Rooms() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	rooms := make([]string, 0, len(s.rooms))
+	rooms := make([]string, 0, s.roomCountLocked())
 	for r := range s.rooms {
 		rooms = append(rooms, r)
+	}
+	if s.ownRoom {
+		rooms = append(rooms, s.id)
 	}
 	slices.Sort(rooms)
 	return rooms
@@ -119,11 +152,21 @@ func (s *Socket) Rooms() []string {
 // and ErrSlowConsumer if the send queue is full (the connection is then closed
 // with reason "slow consumer").
 func (s *Socket) Emit(event string, args ...any) error {
-	m, err := encodeEvent(event, args, 0, false)
+	m, err := encodeEvent(s.ns.name, event, args, 0, false)
 	if err != nil {
 		return err
 	}
 	return s.send(m)
+}
+
+// EmitHint sends an event the client can do without (see
+// Namespace.EmitHintTo). It reports whether the event was queued.
+func (s *Socket) EmitHint(event string, args ...any) (bool, error) {
+	m, err := encodeEvent(s.ns.name, event, args, 0, false)
+	if err != nil {
+		return false, err
+	}
+	return s.hint(m), nil
 }
 
 // EmitWithAck sends an event with an ack id and waits for the client's ack, ctx,
@@ -150,7 +193,7 @@ func (s *Socket) EmitWithAck(ctx context.Context, event string, args ...any) ([]
 		s.mu.Unlock()
 	}
 
-	m, err := encodeEvent(event, args, id, true)
+	m, err := encodeEvent(s.ns.name, event, args, id, true)
 	if err != nil {
 		drop()
 		return nil, err
@@ -186,7 +229,7 @@ func (s *Socket) ackFunc(id uint64) AckFunc {
 		if !sent.CompareAndSwap(false, true) {
 			return ErrAckSent
 		}
-		m, err := encodeAck(id, args)
+		m, err := encodeAck(s.ns.name, id, args)
 		if err != nil {
 			return err
 		}
@@ -197,64 +240,71 @@ func (s *Socket) ackFunc(id uint64) AckFunc {
 // Disconnect ends the socket from the server side: the client gets DISCONNECT
 // ("io server disconnect" in JS; it does not reconnect by itself) after every
 // packet queued before it, the socket leaves its rooms at once, and OnDisconnect
-// gets "server namespace disconnect". The clients then close the Engine.IO
-// session themselves (socket.io-client handles a DISCONNECT a tick later than an
-// engine close in the same poll, so the server must not close first); if a
-// client does not, the server closes it after PingTimeout.
+// gets "server namespace disconnect". When that was the session's last
+// namespace the clients close the Engine.IO session themselves (socket.io-client
+// handles a DISCONNECT a tick later than an engine close in the same poll, so
+// the server must not close first); if a client does not, the server closes it
+// after PingTimeout.
 func (s *Socket) Disconnect() {
-	sess := s.sess
-	sess.mu.Lock()
-	if sess.sock != s || sess.closed {
-		sess.mu.Unlock()
+	c := s.c
+	c.mu.Lock()
+	if c.gone || !c.detachLocked(s, c.srv.cfg.PingTimeout) {
+		c.mu.Unlock()
 		return
 	}
-	sess.sock, sess.ns = nil, nsNone
-	if sess.connectTimer != nil {
-		sess.connectTimer.Reset(sess.srv.cfg.PingTimeout)
-	}
-	sess.mu.Unlock()
-	last := sioMsg(wire.SIOPacket{Type: wire.SIODisconnect}, nil)
-	err := s.goneAfter(&last)
-	sess.dispatch(inbound{kind: inDisconnect, sock: s, reason: ReasonServerNamespaceDisconnect}, true)
-	if errors.Is(err, errQueueFull) {
-		sess.close(ReasonSlowConsumer, false)
-	}
+	c.mu.Unlock()
+	last := sioMsg(wire.SIOPacket{Type: wire.SIODisconnect, Namespace: s.ns.name}, nil)
+	_ = s.goneAfter(last)
+	c.dispatch(inbound{kind: inDisconnect, sock: s, reason: ReasonServerNamespaceDisconnect}, true)
 }
 
-// Close drops the Engine.IO session without a namespace disconnect, so the
-// client reconnects. OnDisconnect receives reason; a websocket client sees close
-// code 4000 with reason as text (or the code of a matching Reason* constant).
-func (s *Socket) Close(reason string) {
-	s.sess.close(reason, false)
-}
+// Close drops the whole Engine.IO session (every namespace) without a
+// namespace disconnect, so the client reconnects. OnDisconnect receives
+// reason; a websocket client sees close code 4000 with reason as text (or the
+// code of a matching Reason* constant).
+func (s *Socket) Close(reason string) { s.c.close(reason) }
 
-// send enqueues m, or holds it back while OnConnect runs.
-func (s *Socket) send(m outMsg) error {
-	err := s.sendQuiet(m)
-	s.sess.q.signal()
-	return err
-}
-
-// sendQuiet is send without waking the writer; see sendQueue.pushQuiet.
-func (s *Socket) sendQuiet(m outMsg) error {
+// send queues m, or holds it back while OnConnect runs. The session is
+// called without s.mu held: a full queue closes the session, which takes
+// s.mu to detach the socket.
+func (s *Socket) send(m *engineio.Message) error {
 	s.mu.Lock()
-	var err error
 	switch s.state {
 	case sockGone:
-		err = ErrClosed
+		s.mu.Unlock()
+		return ErrClosed
 	case sockConnecting:
-		if len(s.held) >= s.srv.cfg.SendQueue {
-			err = errQueueFull
-		} else {
-			s.held = append(s.held, m)
+		if len(s.held) >= s.c.srv.cfg.SendQueue {
+			s.mu.Unlock()
+			s.c.close(ReasonSlowConsumer)
+			return ErrSlowConsumer
 		}
-	default:
-		err = s.sess.q.pushQuiet(m)
+		s.held = append(s.held, m)
+		s.mu.Unlock()
+		return nil
 	}
 	s.mu.Unlock()
-	if errors.Is(err, errQueueFull) {
-		s.sess.close(ReasonSlowConsumer, false)
+	return mapSendErr(s.c.conn.Send(m))
+}
+
+// queue is send for a broadcast: the caller flushes the session afterwards.
+func (s *Socket) queue(m *engineio.Message) error {
+	if !s.isConnected() {
+		return ErrClosed
+	}
+	return mapSendErr(s.c.conn.Queue(m))
+}
+
+func (s *Socket) hint(m *engineio.Message) bool {
+	return s.isConnected() && s.c.conn.SendHint(m)
+}
+
+func mapSendErr(err error) error {
+	switch {
+	case errors.Is(err, engineio.ErrSlowConsumer):
 		return ErrSlowConsumer
+	case errors.Is(err, engineio.ErrClosed):
+		return ErrClosed
 	}
 	return err
 }
@@ -269,17 +319,24 @@ func (s *Socket) accept() {
 		return
 	}
 	payload, _ := json.Marshal(map[string]string{"sid": s.id})
-	msgs := append([]outMsg{sioMsg(wire.SIOPacket{Type: wire.SIOConnect, Data: payload}, nil)}, s.held...)
+	msgs := append([]*engineio.Message{sioMsg(wire.SIOPacket{Type: wire.SIOConnect, Namespace: s.ns.name, Data: payload}, nil)}, s.held...)
 	s.held = nil
 	s.state = sockConnected
-	err := s.sess.q.pushAll(msgs)
-	if err == nil {
-		s.rooms[s.id] = struct{}{}
-		s.srv.rooms.join(s.id, s)
+	// In its own room before the client hears of the connection.
+	joinedOwn := !s.ownRoom
+	if joinedOwn {
+		s.ownRoom = true
+		s.ns.rooms.joinOwn(s)
+	}
+	// SendAll does not close the session on overflow (it would take s.mu).
+	err := s.c.conn.SendAll(msgs)
+	if err != nil && joinedOwn {
+		s.ownRoom = false
+		s.ns.rooms.leaveOwn(s)
 	}
 	s.mu.Unlock()
-	if errors.Is(err, errQueueFull) {
-		s.sess.close(ReasonSlowConsumer, false)
+	if errors.Is(err, engineio.ErrSlowConsumer) {
+		s.c.close(ReasonSlowConsumer)
 	}
 }
 
@@ -287,31 +344,40 @@ func (s *Socket) accept() {
 func (s *Socket) gone() { _ = s.goneAfter(nil) }
 
 // goneAfter is gone, with last (if not nil) queued as the socket's final packet.
-func (s *Socket) goneAfter(last *outMsg) error {
+func (s *Socket) goneAfter(last *engineio.Message) error {
 	s.mu.Lock()
 	if s.state == sockGone {
 		s.mu.Unlock()
 		return ErrClosed
 	}
-	var err error
-	if last != nil && s.state == sockConnected {
-		err = s.sess.q.push(*last)
-	}
+	sendLast := last != nil && s.state == sockConnected
 	s.state = sockGone
-	rooms := s.rooms
-	s.rooms = make(map[string]struct{})
+	rooms, own := s.rooms, s.ownRoom
+	s.rooms, s.ownRoom = nil, false
 	s.held = nil
 	s.acks = nil
 	s.mu.Unlock()
-	s.srv.rooms.leaveAll(rooms, s)
+	s.ns.rooms.leaveAll(rooms, s)
+	if own {
+		s.ns.rooms.leaveOwn(s)
+	}
 	s.cancel()
-	return err
+	if sendLast {
+		return mapSendErr(s.c.conn.Send(last))
+	}
+	return nil
 }
 
 func (s *Socket) isGone() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.state == sockGone
+}
+
+func (s *Socket) isConnected() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.state == sockConnected
 }
 
 // finish reports whether OnDisconnect is due now (once, and only if accepted).

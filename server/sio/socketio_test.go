@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/zndraw/joblib/server/sio/engineio"
 )
 
 // Socket.IO cases, re-expressed from the socket.io-protocol compliance suite,
@@ -419,7 +420,7 @@ func TestRoomsAndSocketAPI(t *testing.T) {
 	}
 	s2 := <-sockets
 
-	if s1.Transport() != transportWebSocket || s2.Transport() != transportPolling {
+	if s1.Transport() != engineio.WebSocket || s2.Transport() != engineio.Polling {
 		t.Fatalf("transports %q %q", s1.Transport(), s2.Transport())
 	}
 	s1.SetData("worker-1")
@@ -506,11 +507,7 @@ func TestShutdown(t *testing.T) {
 		pending <- body
 	}()
 	s := ts.session(pc.sid)
-	eventually(t, ioTimeout, "pending GET", func() bool {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		return s.getActive
-	})
+	eventually(t, ioTimeout, "pending GET", s.PollWaiting)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -520,7 +517,7 @@ func TestShutdown(t *testing.T) {
 	if inHandler.Load() {
 		t.Fatal("Shutdown returned while a handler was running")
 	}
-	if n := srv.tr.count(); n != 0 {
+	if n := srv.goroutines(); n != 0 {
 		t.Fatalf("%d goroutines after Shutdown", n)
 	}
 	if body := <-pending; body != "1" {

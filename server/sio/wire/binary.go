@@ -70,97 +70,23 @@ func hasBinary(v any) bool {
 	return false
 }
 
-// placeholderAt reports whether obj (a decoded JSON object) is a placeholder, and
-// its index. A placeholder is an object with "_placeholder": true; its "num" must
-// then be an integer in [0, n).
-func placeholderAt(obj map[string]json.RawMessage, n int) (int, bool, error) {
-	flag, ok := obj["_placeholder"]
-	if !ok || string(bytes.TrimSpace(flag)) != "true" {
-		return 0, false, nil
-	}
-	raw, ok := obj["num"]
-	if !ok {
-		return 0, true, invalid("placeholder without num")
-	}
-	num, err := strconv.Atoi(string(bytes.TrimSpace(raw)))
-	if err != nil || num < 0 || num >= n {
-		return 0, true, invalid("illegal attachment index %s (have %d)", raw, n)
-	}
-	return num, true, nil
-}
-
-// rewrite walks JSON value v and calls repl for every placeholder; repl returns the
-// replacement JSON. It returns v unchanged (same slice) when it holds no placeholder.
-func rewrite(v json.RawMessage, n int, repl func(num int) json.RawMessage) (json.RawMessage, bool, error) {
-	switch jsonKind(v) {
-	case '{':
-		var obj map[string]json.RawMessage
-		if err := json.Unmarshal(v, &obj); err != nil {
-			return nil, false, invalid("object: %v", err)
-		}
-		num, isPH, err := placeholderAt(obj, n)
-		if err != nil {
-			return nil, false, err
-		}
-		if isPH {
-			return repl(num), true, nil
-		}
-		changed := false
-		for k, e := range obj {
-			r, c, err := rewrite(e, n, repl)
-			if err != nil {
-				return nil, false, err
-			}
-			if c {
-				obj[k], changed = r, true
-			}
-		}
-		if !changed {
-			return v, false, nil
-		}
-		out, err := json.Marshal(obj)
-		return out, true, err
-	case '[':
-		var arr []json.RawMessage
-		if err := json.Unmarshal(v, &arr); err != nil {
-			return nil, false, invalid("array: %v", err)
-		}
-		changed := false
-		for i, e := range arr {
-			r, c, err := rewrite(e, n, repl)
-			if err != nil {
-				return nil, false, err
-			}
-			if c {
-				arr[i], changed = r, true
-			}
-		}
-		if !changed {
-			return v, false, nil
-		}
-		out, err := json.Marshal(arr)
-		return out, true, err
-	case 0:
-		return nil, false, invalid("not valid JSON")
-	default:
-		return v, false, nil
-	}
-}
-
 // CheckPlaceholders verifies that every placeholder in data refers to one of n
-// attachments (socket.io-parser's "illegal attachments" rule).
+// attachments (socket.io-parser's "illegal attachments" rule). It reads data
+// once.
 func CheckPlaceholders(data json.RawMessage, n int) error {
-	_, _, err := rewrite(data, n, func(int) json.RawMessage { return json.RawMessage("null") })
+	if !json.Valid(data) {
+		return invalid("not valid JSON")
+	}
+	_, err := findPlaceholders(data, n)
 	return err
 }
 
 // InlineAttachments returns data with every placeholder replaced by the JSON string
 // holding the standard base64 of its attachment, which is how encoding/json
 // represents []byte: a handler can json.Unmarshal the result into a struct with
-// []byte fields.
+// []byte fields. data must be valid JSON; it is read once.
 func InlineAttachments(data json.RawMessage, atts [][]byte) (json.RawMessage, error) {
-	out, _, err := rewrite(data, len(atts), func(num int) json.RawMessage {
-		b := make([]byte, 0, base64.StdEncoding.EncodedLen(len(atts[num]))+2)
+	out, err := replacePlaceholders(data, len(atts), func(b []byte, num int) []byte {
 		b = append(b, '"')
 		b = base64.StdEncoding.AppendEncode(b, atts[num])
 		return append(b, '"')

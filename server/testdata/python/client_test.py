@@ -71,9 +71,39 @@ def scenario(transports):
         sio.disconnect()
 
 
+def namespaces(transports):
+    """"/" and "/admin" multiplexed on one Engine.IO session; a binary ack on
+    /admin; an unknown namespace refused."""
+    label = transports or ["default"]
+    sio = socketio.Client(reconnection=False)
+    kwargs = {"auth": {"token": "admin"}, "namespaces": ["/", "/admin"], "wait_timeout": TIMEOUT}
+    if transports:
+        kwargs["transports"] = transports
+    sio.connect(URL, **kwargs)
+    try:
+        assert sorted(sio.namespaces) == ["/", "/admin"], sio.namespaces
+        assert sio.call("whoami", namespace="/admin", timeout=TIMEOUT) == "/admin"
+        blob = bytes([9, 8, 7, 0])
+        assert sio.call("echo", blob, namespace="/admin", timeout=TIMEOUT) == blob
+        assert sio.call("echo", {"ns": "/"}, timeout=TIMEOUT) == {"ns": "/"}
+        print("ok: namespaces %s" % label)
+    finally:
+        sio.disconnect()
+
+    bad = socketio.Client(reconnection=False)
+    try:
+        bad.connect(URL, namespaces=["/nope"], wait_timeout=TIMEOUT, **({"transports": transports} if transports else {}))
+    except socketio.exceptions.ConnectionError as e:
+        print("ok: unknown namespace refused (%s)" % e)
+    else:
+        bad.disconnect()
+        raise AssertionError("connected to an unknown namespace")
+
+
 def main():
     for transports in (["websocket"], None, ["polling"]):
         scenario(transports)
+        namespaces(transports)
     return 0
 
 

@@ -1,0 +1,106 @@
+package models
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+)
+
+// gormLogger sends gorm's statement logs to slog without ever including
+// statement arguments (they carry client payloads): failures the client
+// caused (bad data, a cancelled or timed-out statement) are logged at debug
+// level with the SQLSTATE only, other failures at error level with the
+// parameterized SQL, slow statements at warn level.
+type gormLogger struct {
+	log  *slog.Logger
+	slow time.Duration
+}
+
+func newGormLogger(log *slog.Logger, slow time.Duration) logger.Interface {
+	return &gormLogger{log: log, slow: slow}
+}
+
+func (l *gormLogger) LogMode(logger.LogLevel) logger.Interface { return l }
+
+func (l *gormLogger) Info(ctx context.Context, msg string, data ...any) {
+	l.log.DebugContext(ctx, fmt.Sprintf(msg, data...))
+}
+
+func (l *gormLogger) Warn(ctx context.Context, msg string, data ...any) {
+	l.log.WarnContext(ctx, fmt.Sprintf(msg, data...))
+}
+
+func (l *gormLogger) Error(ctx context.Context, msg string, data ...any) {
+	l.log.ErrorContext(ctx, fmt.Sprintf(msg, data...))
+}
+
+// ParamsFilter drops the arguments from the SQL gorm renders for logs.
+func (l *gormLogger) ParamsFilter(_ context.Context, sql string, _ ...any) (string, []any) {
+	return sql, nil
+}
+
+func (l *gormLogger) Trace(ctx context.Context, begin time.Time, fc func() (string, int64), err error) {
+	elapsed := time.Since(begin)
+	switch {
+	case err != nil && errors.Is(err, gorm.ErrRecordNotFound):
+	case err != nil && clientCaused(err):
+		if l.log.Enabled(ctx, slog.LevelDebug) {
+			l.log.LogAttrs(ctx, slog.LevelDebug, "statement refused", slog.String("sqlstate", sqlState(err)),
+				slog.Duration("took", elapsed))
+		}
+	case err != nil:
+		sql, _ := fc()
+		l.log.LogAttrs(ctx, slog.LevelError, "statement failed", slog.String("sql", sql),
+			slog.String("sqlstate", sqlState(err)), slog.Duration("took", elapsed))
+	case l.slow > 0 && elapsed > l.slow:
+		sql, _ := fc()
+		l.log.LogAttrs(ctx, slog.LevelWarn, "slow statement", slog.String("sql", sql), slog.Duration("took", elapsed))
+	}
+}
+
+// sqlState is the PostgreSQL error code of err, or "" (SQLite, Go errors).
+func sqlState(err error) string {
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) {
+		return pg.Code
+	}
+	return ""
+}
+
+// clientCaused reports whether a statement failed because of what the
+// client sent or how long its request may take, not because of a fault.
+func clientCaused(err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
+		isInvalidData(err) || isStatementTimeout(err)
+}
+
+// isInvalidData: PostgreSQL refused a value (class 22, data exception:
+// numeric out of range, invalid text representation, invalid JSON, NUL...).
+func isInvalidData(err error) bool {
+	c := sqlState(err)
+	return len(c) == 5 && c[:2] == "22"
+}
+
+// isStatementTimeout: PostgreSQL cancelled the statement (57014: the
+// statement_timeout, or a cancel request sent for a context deadline).
+func isStatementTimeout(err error) bool {
+	return sqlState(err) == "57014"
+}
+
+// IsInvalidData reports whether err is the database refusing a value the
+// client sent (ErrInvalidData, or the driver error behind it).
+func IsInvalidData(err error) bool {
+	return errors.Is(err, ErrInvalidData) || isInvalidData(err)
+}
+
+// IsTimeout reports whether err is a statement cancelled by its time
+// budget (ErrTimeout, PostgreSQL's 57014, or a context deadline).
+func IsTimeout(err error) bool {
+	return errors.Is(err, ErrTimeout) || isStatementTimeout(err) || errors.Is(err, context.DeadlineExceeded)
+}
