@@ -15,6 +15,8 @@ func Decode(name string, payload []byte) (Event, error) {
 		ev = JobsInvalidate{}
 	case "providers_invalidate":
 		ev = ProvidersInvalidate{}
+	case "tasks_invalidate":
+		ev = TasksInvalidate{}
 	case "task_available":
 		var v TaskAvailable
 		err = json.Unmarshal(payload, &v)

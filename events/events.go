@@ -45,6 +45,11 @@ type TaskStatusEvent struct {
 // ProvidersInvalidate tells a room's UIs that its provider list changed.
 type ProvidersInvalidate struct{}
 
+// TasksInvalidate tells a room's UIs that the task views they show may be
+// stale: events between nodes were lost, so they should refetch. Sent only
+// by the node that detected the loss, to its own sockets.
+type TasksInvalidate struct{}
+
 // ProviderRequest asks the clients serving a provider to produce a result.
 type ProviderRequest struct {
 	RequestID    string `json:"request_id"`
@@ -62,6 +67,7 @@ func (JobsInvalidate) EventName() string      { return "jobs_invalidate" }
 func (TaskAvailable) EventName() string       { return "task_available" }
 func (TaskStatusEvent) EventName() string     { return "task_status_event" }
 func (ProvidersInvalidate) EventName() string { return "providers_invalidate" }
+func (TasksInvalidate) EventName() string     { return "tasks_invalidate" }
 func (ProviderRequest) EventName() string     { return "provider_request" }
 func (ProviderResultReady) EventName() string { return "provider_result_ready" }
 

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -32,6 +33,14 @@ type PGBus struct {
 	// Set them before Start; zero means the defaults (5 min, 1 min).
 	SpillRetention     time.Duration
 	SpillCleanInterval time.Duration
+
+	mon   Monitor
+	seqs  sequencer
+	track *seqTracker
+	// scope is the schema this deployment lives in (see wireBatch.Scope).
+	scope string
+	// listenerPID is the backend of the LISTEN connection (tests).
+	listenerPID atomic.Uint32
 
 	mu      sync.Mutex
 	cancel  context.CancelFunc
@@ -65,39 +74,31 @@ func NewPGBus(pool *pgxpool.Pool, node string, log *slog.Logger) *PGBus {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &PGBus{LocalBus: NewLocalBus(), pool: pool, node: node, log: log, ready: make(chan struct{}), channel: Channel}
+	return &PGBus{LocalBus: NewLocalBus(), pool: pool, node: node, log: log, ready: make(chan struct{}), channel: Channel, track: newSeqTracker(ReorderWindow)}
 }
 
-type wireBatch struct {
-	Node  string     `json:"n"`
-	Ref   int64      `json:"ref,omitempty"`
-	Items []wireItem `json:"e,omitempty"`
-}
+// Monitor implements Monitored.
+func (b *PGBus) Monitor() *Monitor { return &b.mon }
 
-type wireItem struct {
-	Room    string          `json:"r"`
-	Name    string          `json:"t"`
-	Payload json.RawMessage `json:"p"`
-}
+// ListenerPID is the PostgreSQL backend pid of the LISTEN connection (0
+// before the first one): operators and tests can find, or end, it.
+func (b *PGBus) ListenerPID() uint32 { return b.listenerPID.Load() }
 
 // Start creates the spill table if needed, starts listening and starts
 // deleting old spilled batches every SpillCleanInterval. It returns once the
 // listener is subscribed (so nothing published afterwards by other nodes is
 // missed) or ctx ends.
 func (b *PGBus) Start(ctx context.Context) error {
-	_, err := b.pool.Exec(ctx, `CREATE UNLOGGED TABLE IF NOT EXISTS joblib_event_spill (
-		id bigserial PRIMARY KEY, payload text NOT NULL, created_at timestamptz NOT NULL DEFAULT now())`)
-	if err != nil {
-		return fmt.Errorf("create event spill table: %w", err)
+	if err := b.pool.QueryRow(ctx, "SELECT current_schema()").Scan(&b.scope); err != nil {
+		return fmt.Errorf("read the bus scope: %w", err)
 	}
-	var schema string
-	if err := b.pool.QueryRow(ctx, "SELECT current_schema()").Scan(&schema); err != nil {
-		return fmt.Errorf("read schema: %w", err)
+	if err := b.ensureSpill(ctx); err != nil {
+		return err
 	}
 	b.mu.Lock()
 	b.channel = Channel
-	if schema != "public" {
-		b.channel = Channel + "_" + schema
+	if b.scope != "public" {
+		b.channel = Channel + "_" + b.scope
 	}
 	b.mu.Unlock()
 	lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -108,12 +109,47 @@ func (b *PGBus) Start(ctx context.Context) error {
 	b.mu.Unlock()
 	go b.listen(lctx)
 	go b.cleanSpill(lctx)
+	go expireLoop(lctx, b.track, &b.mon, b.log)
 	select {
 	case <-b.ready:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// schemaLockSQL is models.SchemaLockSQL (a test keeps them equal): every
+// schema change joblib makes at start holds it, so that nodes starting
+// together on an empty database never race on DDL (CREATE ... IF NOT EXISTS
+// is not safe concurrently in PostgreSQL).
+const schemaLockSQL = "SELECT pg_advisory_xact_lock(hashtext('joblib:schema'), hashtext(current_schema()))"
+
+// ensureSpill creates the spill table when the schema lacks it (a database
+// migrated by joblib has it already), under the schema lock.
+func (b *PGBus) ensureSpill(ctx context.Context) error {
+	var exists bool
+	if err := b.pool.QueryRow(ctx, "SELECT to_regclass('joblib_event_spill') IS NOT NULL").Scan(&exists); err != nil {
+		return fmt.Errorf("look up event spill table: %w", err)
+	}
+	if exists {
+		return nil
+	}
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("create event spill table: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit it is a no-op
+	if _, err := tx.Exec(ctx, schemaLockSQL); err != nil {
+		return fmt.Errorf("create event spill table: lock schema: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `CREATE UNLOGGED TABLE IF NOT EXISTS joblib_event_spill (
+		id bigserial PRIMARY KEY, payload text NOT NULL, created_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		return fmt.Errorf("create event spill table: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("create event spill table: %w", err)
+	}
+	return nil
 }
 
 // Stop ends the listener and the spill cleaner and waits for them.
@@ -162,13 +198,9 @@ func (b *PGBus) Channel() string {
 // never commits is only garbage, deleted by the spill cleaner) and referenced
 // by id.
 func (b *PGBus) Notification(ctx context.Context, ems []Emission) (string, error) {
-	batch := wireBatch{Node: b.node, Items: make([]wireItem, len(ems))}
-	for i, e := range ems {
-		batch.Items[i] = wireItem{Room: e.Room, Name: e.Event.EventName(), Payload: e.Payload()}
-	}
-	msg, err := json.Marshal(batch)
+	msg, err := encodeBatch(b.node, b.scope, b.seqs.next(), ems)
 	if err != nil {
-		return "", fmt.Errorf("encode event batch: %w", err)
+		return "", err
 	}
 	if len(msg) < maxNotify {
 		return string(msg), nil
@@ -179,7 +211,7 @@ func (b *PGBus) Notification(ctx context.Context, ems []Emission) (string, error
 	if err := b.pool.QueryRow(ctx, "INSERT INTO joblib_event_spill (payload) VALUES ($1) RETURNING id", string(msg)).Scan(&id); err != nil {
 		return "", fmt.Errorf("spill event batch: %w", err)
 	}
-	msg, _ = json.Marshal(wireBatch{Node: b.node, Ref: id})
+	msg, _ = json.Marshal(wireBatch{Node: b.node, Scope: b.scope, Ref: id})
 	return string(msg), nil
 }
 
@@ -189,10 +221,11 @@ func (b *PGBus) Notification(ctx context.Context, ems []Emission) (string, error
 // reach maxNotify must use Notification instead.
 func (b *PGBus) Frame(eventName string) NotifyFrame {
 	node, _ := json.Marshal(b.node)
+	scope, _ := json.Marshal(b.scope)
 	name, _ := json.Marshal(eventName)
 	return NotifyFrame{
 		Channel: b.Channel(),
-		Prefix:  `{"n":` + string(node) + `,"e":[{"r":`,
+		Prefix:  `{"n":` + string(node) + `,"d":` + string(scope) + `,"e":[{"r":`,
 		Middle:  `,"t":` + string(name) + `,"p":`,
 		Suffix:  `}]}`,
 	}
@@ -231,8 +264,20 @@ func (b *PGBus) listen(ctx context.Context) {
 	defer close(b.done)
 	backoff := time.Second
 	var once sync.Once
+	first := true
+	subscribed := func() {
+		if !first {
+			// Whatever the other nodes published while this listener was
+			// away is lost: say so, so clients refetch.
+			b.track.reset()
+			b.log.Warn("event listener reconnected; emissions of other nodes may have been missed")
+			b.mon.gap(Gap{Reason: GapReconnect})
+		}
+		first = false
+		once.Do(func() { close(b.ready) })
+	}
 	for ctx.Err() == nil {
-		err := b.listenOnce(ctx, func() { once.Do(func() { close(b.ready) }) })
+		err := b.listenOnce(ctx, subscribed)
 		if ctx.Err() != nil {
 			return
 		}
@@ -255,6 +300,7 @@ func (b *PGBus) listenOnce(ctx context.Context, subscribed func()) error {
 	// it is never handed to another user, and close it when done.
 	conn := pooled.Hijack()
 	defer conn.Close(context.WithoutCancel(ctx))
+	b.listenerPID.Store(conn.PgConn().PID())
 	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{b.Channel()}.Sanitize()); err != nil {
 		return err
 	}
@@ -274,7 +320,7 @@ func (b *PGBus) receive(ctx context.Context, payload string) {
 		b.log.Warn("undecodable event batch", "err", err)
 		return
 	}
-	if batch.Node == b.node {
+	if batch.Node == b.node || batch.Scope != b.scope {
 		return
 	}
 	if batch.Ref != 0 {
@@ -290,16 +336,7 @@ func (b *PGBus) receive(ctx context.Context, payload string) {
 			return
 		}
 	}
-	ems := make([]Emission, 0, len(batch.Items))
-	for _, it := range batch.Items {
-		ev, err := Decode(it.Name, it.Payload)
-		if err != nil {
-			b.log.Warn("undecodable event", "err", err)
-			continue
-		}
-		ems = append(ems, Emission{Room: it.Room, Event: ev})
-	}
-	b.Deliver(ems)
+	receiveBatch(batch, b.LocalBus, b.track, &b.mon, b.log)
 }
 
 var _ TxBus = (*PGBus)(nil)

@@ -108,6 +108,133 @@ func TestPGBusCrossNode(t *testing.T) {
 	}
 }
 
+// TestPGBusSchemaLockMatchesModels: the bus creates its spill table under
+// the same advisory lock as the migrations, or concurrent starts race.
+func TestPGBusSchemaLockMatchesModels(t *testing.T) {
+	if events.SchemaLockSQL != models.SchemaLockSQL {
+		t.Fatalf("events takes %q, models %q", events.SchemaLockSQL, models.SchemaLockSQL)
+	}
+}
+
+// gapCollector records the gaps a bus reports.
+type gapCollector struct {
+	mu   sync.Mutex
+	gaps []events.Gap
+	ch   chan struct{}
+}
+
+func watchGaps(m *events.Monitor) *gapCollector {
+	c := &gapCollector{ch: make(chan struct{}, 16)}
+	m.OnGap(func(g events.Gap) {
+		c.mu.Lock()
+		c.gaps = append(c.gaps, g)
+		c.mu.Unlock()
+		select {
+		case c.ch <- struct{}{}:
+		default:
+		}
+	})
+	return c
+}
+
+func (c *gapCollector) wait(t *testing.T, reason string) events.Gap {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	for {
+		c.mu.Lock()
+		for _, g := range c.gaps {
+			if g.Reason == reason {
+				c.mu.Unlock()
+				return g
+			}
+		}
+		c.mu.Unlock()
+		select {
+		case <-c.ch:
+		case <-deadline:
+			t.Fatalf("no %s gap reported", reason)
+		}
+	}
+}
+
+func (c *gapCollector) count() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.gaps)
+}
+
+// TestPGBusReportsListenerReconnect: when the LISTEN connection dies, what
+// other nodes publish meanwhile is lost; the bus reports a reconnect gap
+// once it listens again, and delivery resumes.
+func TestPGBusReportsListenerReconnect(t *testing.T) {
+	t.Parallel()
+	url := dbtest.URL(t, models.Postgres)
+	ctx := context.Background()
+	db, err := models.Open(ctx, url, models.OpenOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	open := func(node string) *events.PGBus {
+		b := events.NewPGBus(db.Pool, node, nil)
+		if err := b.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(b.Stop)
+		return b
+	}
+	a, b := open("rc-a"), open("rc-b")
+	gaps := watchGaps(b.Monitor())
+	onB := newCollector()
+	b.Subscribe(onB.add)
+	if _, err := db.Pool.Exec(ctx, "SELECT pg_terminate_backend($1)", b.ListenerPID()); err != nil {
+		t.Fatal(err)
+	}
+	gaps.wait(t, events.GapReconnect)
+	if err := a.Publish(ctx, []events.Emission{{Room: events.Room("rc"), Event: events.JobsInvalidate{}}}); err != nil {
+		t.Fatal(err)
+	}
+	onB.wait(t, 1)
+}
+
+// TestPGBusScopedBySchema: NOTIFY channels are database-wide; deployments in
+// different schemas of one database do not receive each other's events.
+func TestPGBusScopedBySchema(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	open := func(url, node string) *events.PGBus {
+		db, err := models.Open(ctx, url, models.OpenOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { db.Close() })
+		b := events.NewPGBus(db.Pool, node, nil)
+		if err := b.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(b.Stop)
+		return b
+	}
+	one, two := dbtest.URL(t, models.Postgres), dbtest.URL(t, models.Postgres)
+	a, same, other := open(one, "sc-a"), open(one, "sc-same"), open(two, "sc-other")
+	onSame, onOther := newCollector(), newCollector()
+	same.Subscribe(onSame.add)
+	other.Subscribe(onOther.add)
+	big := strings.Repeat("y", 9000) // spilled, too
+	for _, ev := range []events.Event{events.JobsInvalidate{}, events.TaskStatusEvent{ID: "t", Status: "failed", Error: &big}} {
+		if err := a.Publish(ctx, []events.Emission{{Room: events.Room("scoped"), Event: ev}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	onSame.wait(t, 2)
+	time.Sleep(200 * time.Millisecond)
+	onOther.mu.Lock()
+	defer onOther.mu.Unlock()
+	if len(onOther.got) != 0 {
+		t.Fatalf("a deployment in another schema received %d emissions", len(onOther.got))
+	}
+}
+
 // Spilled batches older than the retention are deleted on a timer, even when
 // nothing is spilled any more; younger ones stay for slow listeners.
 func TestPGBusCleansSpillOnTimer(t *testing.T) {

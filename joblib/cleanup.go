@@ -22,7 +22,7 @@ const (
 )
 
 // Paths lists every cleanup path (metrics pre-create their series from it).
-var Paths = []string{PathGraceful, PathDisconnect, PathSweeper, PathStartup, PathOperator}
+var Paths = []string{PathGraceful, PathDisconnect, PathSweeper, PathStartup, PathOperator, PathNode}
 
 // ErrWorkerDisconnected is the error recorded on tasks failed by a cleanup.
 const ErrWorkerDisconnected = "Worker disconnected"

@@ -4,34 +4,43 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/google/uuid"
 	"github.com/zndraw/joblib/models"
 )
 
 // Node identifies this process among the nodes sharing a database. ID is
-// stable across restarts (JOBLIB_NODE_ID, default the hostname); Run is new
-// on every start. A worker's socket binding records both, so that after a
-// crash the next run of the same node knows which workers were its own and
-// cleans those that did not re-attach elsewhere (startup recovery). Workers
-// that never held a socket (REST-only) belong to no node and are judged by
-// their heartbeat alone.
+// the node's name (JOBLIB_NODE_ID; by default the hostname plus a random
+// part, so that no two processes ever share one); Run is new on every
+// start. A worker's socket binding records both. Every run holds a lease
+// row (see Lease): when it lapses, a surviving node releases the run's
+// sockets. A restarted node with a fixed JOBLIB_NODE_ID also cleans, after
+// the grace window, the workers its earlier runs held that did not
+// re-attach (startup recovery). No two live processes share an ID: a
+// process refuses to start when a live one holds its JOBLIB_NODE_ID (see
+// the node lock in cmd/joblib), and recovery never touches a run whose
+// lease is live. Workers that never held a socket (REST-only) belong to no
+// node and are judged by their heartbeat alone.
 type Node struct {
 	ID  string
 	Run string
+	// Fixed: ID was configured (JOBLIB_NODE_ID), so later runs reuse it.
+	Fixed bool
 }
 
-// NewNode returns the node named id (the hostname when empty) with a fresh
-// run id.
+// NewNode returns the node named id with a fresh run id. An empty id means
+// the hostname plus a random suffix, unique per process.
 func NewNode(id string) (Node, error) {
-	if id == "" {
-		h, err := os.Hostname()
-		if err != nil {
-			return Node{}, fmt.Errorf("node id from hostname: %w (set JOBLIB_NODE_ID)", err)
-		}
-		id = h
+	if id != "" {
+		return Node{ID: id, Run: uuid.NewString(), Fixed: true}, nil
 	}
-	return Node{ID: id, Run: uuid.NewString()}, nil
+	h, err := os.Hostname()
+	if err != nil {
+		return Node{}, fmt.Errorf("node id from hostname: %w (set JOBLIB_NODE_ID)", err)
+	}
+	run := uuid.NewString()
+	return Node{ID: h + "-" + strings.ReplaceAll(run, "-", "")[:8], Run: run}, nil
 }
 
 // Node is the node this service runs as.

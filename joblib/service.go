@@ -68,6 +68,7 @@ func New(cfg Config) *Service {
 	cfg.Settings.ProviderMaxResultBytes = cmp.Or(cfg.Settings.ProviderMaxResultBytes, def.ProviderMaxResultBytes)
 	cfg.Settings.InternalWorkers = cmp.Or(cfg.Settings.InternalWorkers, def.InternalWorkers)
 	cfg.Settings.TaskRetentionBatch = cmp.Or(cfg.Settings.TaskRetentionBatch, def.TaskRetentionBatch)
+	cfg.Settings.NodeLeaseTimeout = cmp.Or(cfg.Settings.NodeLeaseTimeout, def.NodeLeaseTimeout)
 	if cfg.ResultCache == nil {
 		cfg.ResultCache = DefaultResultCache(cfg.DB, cfg.Logger, cfg.Settings.ResultCacheBudget())
 	}
@@ -92,6 +93,11 @@ func New(cfg Config) *Service {
 		s.node = n
 	}
 	s.unsubbus = s.bus.Subscribe(s.watch.observe)
+	if m, ok := s.bus.(events.Monitored); ok {
+		// Changes of other nodes may have been missed: every task
+		// long-poll re-reads its row.
+		m.Monitor().OnGap(func(events.Gap) { s.watch.WakeAll() })
+	}
 	return s
 }
 

@@ -78,10 +78,16 @@ type Settings struct {
 	InternalQueue int `env:"INTERNAL_QUEUE" envDefault:"256"`
 
 	// NodeID names this process among the nodes sharing a database; workers
-	// whose socket it holds are bound to it. Empty means the hostname. Read
-	// once at start. Two running processes must not share one: on
-	// PostgreSQL the second refuses to start.
+	// whose socket it holds are bound to it. Empty means the hostname plus a
+	// random part, unique per process. Read once at start. Two running
+	// processes never share one: a process whose JOBLIB_NODE_ID another live
+	// process holds refuses to start.
 	NodeID string `env:"NODE_ID"`
+	// NodeLeaseTimeout: each node renews a lease row (database clock) every
+	// third of this; when a node's lease lapses, the sweeper leader treats
+	// every socket it held as closed at that moment (the disconnect grace
+	// starts, then CleanupWorker with path node).
+	NodeLeaseTimeout time.Duration `env:"NODE_LEASE_TIMEOUT" envDefault:"10s"`
 	// SweepBatchSize is how many stale workers one sweep transaction cleans
 	// (1..1000); a sweep runs batches until none is left.
 	SweepBatchSize int `env:"SWEEP_BATCH_SIZE" envDefault:"500"`
@@ -147,6 +153,7 @@ func DefaultSettings() Settings {
 		TaskMaxResultBytes:      1 << 20,
 		InternalWorkers:         4,
 		InternalQueue:           256,
+		NodeLeaseTimeout:        10 * time.Second,
 		SweepBatchSize:          500,
 		SweepCapMinWorkers:      10,
 		AuditRetention:          720 * time.Hour,
@@ -164,7 +171,7 @@ func (s Settings) Validate() error {
 	for name, d := range map[string]time.Duration{
 		"JOBLIB_WORKER_TIMEOUT": s.WorkerTimeout, "JOBLIB_SWEEPER_INTERVAL": s.SweeperInterval,
 		"JOBLIB_INTERNAL_TASK_TIMEOUT": s.InternalTaskTimeout, "JOBLIB_PROVIDER_RESULT_TTL": s.ProviderResultTTL,
-		"JOBLIB_PROVIDER_INFLIGHT_TTL": s.ProviderInflightTTL,
+		"JOBLIB_PROVIDER_INFLIGHT_TTL": s.ProviderInflightTTL, "JOBLIB_NODE_LEASE_TIMEOUT": s.NodeLeaseTimeout,
 	} {
 		if d <= 0 {
 			return fmt.Errorf("%s must be positive, got %s", name, d)

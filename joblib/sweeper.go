@@ -39,6 +39,9 @@ type SweeperConfig struct {
 	// Jitter bounds the random delay before the first run. Default 1s
 	// (capped at the sweep interval); negative means none.
 	Jitter time.Duration
+	// NodeGrace is the disconnect grace the sockets of a lost node get,
+	// counted from the moment its lease lapsed (JOBLIB_DISCONNECT_GRACE).
+	NodeGrace time.Duration
 }
 
 // Sweep outcomes, as SweepEvent.Outcome and the metrics label.
@@ -194,6 +197,9 @@ func (sw *Sweeper) tick(ctx context.Context) {
 	}
 	sw.healthyAt(now)
 	sw.setLeader(held, now)
+	if held {
+		sw.reapNodes(ctx, now, st.NodeLeaseTimeout)
+	}
 	if !due {
 		return
 	}
@@ -247,6 +253,22 @@ func (sw *Sweeper) tick(ctx context.Context) {
 	}
 	// Task retention: a separate step (retention.go), after the sweep.
 	sw.pruneTasks(ctx)
+}
+
+// reapNodes releases the sockets of nodes whose lease lapsed, at every
+// probe (node loss is detected within the lease timeout plus the grace, not
+// the worker timeout). Its outage guard is one lease timeout of leadership
+// and database health: every live node has renewed its lease by then, so
+// a lease still lapsed is a dead node, never a database outage.
+func (sw *Sweeper) reapNodes(ctx context.Context, now time.Time, leaseTimeout time.Duration) {
+	if sw.guard(now, leaseTimeout) > 0 {
+		return
+	}
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := sw.svc.ReapLostNodes(rctx, sw.cfg.NodeGrace); err != nil && ctx.Err() == nil {
+		sw.log.Error("release the sockets of lost nodes", "err", err)
+	}
 }
 
 // guard returns how long destructive sweeps must still wait: until this

@@ -190,3 +190,79 @@ func TestSweeperLockIsExclusive(t *testing.T) {
 	}
 	b.Release()
 }
+
+// Node loss is acted on at every probe, but only after the leader has led
+// with a healthy database for one lease timeout: a database outage lapses
+// every lease, and live nodes need that long to renew theirs.
+func TestSweeperReapsLostNodesAfterGuard(t *testing.T) {
+	t.Parallel()
+	db := dbtest.Open(t, models.SQLite)
+	st := DefaultSettings()
+	st.WorkerTimeout = time.Hour
+	st.SweeperInterval = time.Hour
+	st.NodeLeaseTimeout = 10 * time.Second
+	svc := New(Config{DB: db, Settings: st})
+	t.Cleanup(svc.Close)
+	ctx := context.Background()
+	_, alice, err := svc.CreateToken(ctx, "alice", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := db.Q(ctx)
+	lostWorker := func(run string) uuid.UUID {
+		w, err := svc.CreateWorker(ctx, alice)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := q.AcquireNodeLease(run, "node-"+run, "", time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := q.BindWorker(w.ID, "node-"+run, run); err != nil {
+			t.Fatal(err)
+		}
+		if err := q.ExpireNodeLease(run); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Millisecond)
+		return w.ID
+	}
+	exists := func(id uuid.UUID) bool {
+		_, err := q.GetWorker(id)
+		return err == nil
+	}
+	now := time.Unix(1_000_000, 0)
+	lead := &fakeLeader{}
+	sw := NewSweeper(svc, SweeperConfig{Leader: lead, Now: func() time.Time { return now }})
+	sw.healthy, sw.healthySince = true, now
+	step := func(d time.Duration) { now = now.Add(d); sw.tick(ctx) }
+
+	w1 := lostWorker("r1")
+	step(0)
+	if !exists(w1) {
+		t.Fatal("a follower released a lost node")
+	}
+	lead.set(true, nil)
+	step(time.Second) // elected now
+	step(9 * time.Second)
+	if !exists(w1) {
+		t.Fatal("released a lost node 9s into a 10s lease timeout of leadership")
+	}
+	step(time.Second)
+	if exists(w1) {
+		t.Fatal("lost node not released after one lease timeout of leadership")
+	}
+
+	w2 := lostWorker("r2")
+	lead.set(true, errors.New("connection refused"))
+	step(time.Second)
+	lead.set(true, nil)
+	step(time.Second) // healthy again now
+	step(9 * time.Second)
+	if !exists(w2) {
+		t.Fatal("released a node within one lease timeout after a database outage")
+	}
+	step(time.Second)
+	if exists(w2) {
+		t.Fatal("lost node not released one lease timeout after the outage")
+	}
+}

@@ -113,6 +113,11 @@ var ErrAdminTokenRevoked = errors.New("JOBLIB_ADMIN_TOKEN was revoked (joblib to
 func (s *Service) EnsureAdminToken(ctx context.Context, token string) error {
 	var revoked []uuid.UUID
 	err := s.db.Tx(ctx, func(q *models.Q) error {
+		// Nodes starting together all ensure the same user and token:
+		// the schema lock makes the check-then-create one at a time.
+		if err := q.LockSchema(); err != nil {
+			return err
+		}
 		hash := HashToken(token)
 		cur, err := q.TokenByHash(hash)
 		switch {
@@ -168,6 +173,35 @@ func (s *Service) EnsureAdminToken(ctx context.Context, token string) error {
 		s.log.Warn("JOBLIB_ADMIN_TOKEN changed: revoked the token(s) the previous value created", "tokens", revoked)
 	}
 	return nil
+}
+
+// CreateFirstAdmin creates a superuser "admin" with a new API token when the
+// database has no user at all, and returns the token; it returns "" when
+// users exist. Nodes starting together on an empty database create one
+// admin between them (the schema lock orders them).
+func (s *Service) CreateFirstAdmin(ctx context.Context) (string, error) {
+	var token string
+	err := s.db.Tx(ctx, func(q *models.Q) error {
+		token = ""
+		if err := q.LockSchema(); err != nil { // one first admin among nodes starting together
+			return err
+		}
+		n, err := q.CountUsers()
+		if err != nil || n > 0 {
+			return err
+		}
+		u, err := q.CreateUser("admin", true)
+		if err != nil {
+			return err
+		}
+		token = newToken()
+		_, err = q.CreateAPIToken(u.ID, "cli", HashToken(token), models.Time{})
+		return err
+	})
+	if err != nil {
+		return "", fmt.Errorf("create first admin: %w", err)
+	}
+	return token, nil
 }
 
 // HasUsers reports whether any user exists.

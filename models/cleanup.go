@@ -29,6 +29,12 @@ type CleanupFence struct {
 	// to that node and to a run other than NodeRun (startup recovery).
 	NodeID  string
 	NodeRun string
+	// LostRun, when set, requires the worker to be bound to that node run
+	// and the run's lease to have lapsed more than LostGrace ago (node loss:
+	// its sockets count as closed when the lease lapsed; a worker that
+	// re-joined elsewhere since is bound to another run).
+	LostRun   string
+	LostGrace time.Duration
 	// SkipLocked skips workers another transaction is holding (PostgreSQL).
 	SkipLocked bool
 }
@@ -92,7 +98,7 @@ func (q *Q) CleanupWorkers(ids []uuid.UUID, f CleanupFence, lostError string, a 
 // the same statement. The fence must select by staleness or by node: it never
 // cleans every worker.
 func (q *Q) CleanupMatching(f CleanupFence, limit int, lostError string, a CleanupAudit) (CleanupOutcome, error) {
-	if f.StaleAfter <= 0 && f.NodeID == "" {
+	if f.StaleAfter <= 0 && f.NodeID == "" && f.LostRun == "" {
 		return CleanupOutcome{}, errors.New("cleanup matching: the fence selects every worker")
 	}
 	if limit <= 0 || limit > MaxCleanupBatch {
@@ -119,8 +125,15 @@ func (q *Q) cleanup(ids []uuid.UUID, limit int, f CleanupFence, lostError string
 		args = append(args, *f.Epoch)
 	}
 	if f.NodeID != "" {
-		where = append(where, "w.node_id = ? AND w.node_run IS NOT NULL AND w.node_run <> ?")
+		// Never a run whose lease is live: that process is running.
+		where = append(where, "w.node_id = ? AND w.node_run IS NOT NULL AND w.node_run <> ?"+
+			" AND NOT EXISTS (SELECT 1 FROM nodes n WHERE n.run = w.node_run AND n.expires_at > "+q.now()+")")
 		args = append(args, f.NodeID, f.NodeRun)
+	}
+	if f.LostRun != "" {
+		expr, arg := q.before(f.LostGrace)
+		where = append(where, "w.node_run = ? AND EXISTS (SELECT 1 FROM nodes n WHERE n.run = w.node_run AND n.expires_at < "+expr+")")
+		args = append(args, f.LostRun, arg)
 	}
 	tail := " ORDER BY w.seq"
 	if limit > 0 {

@@ -413,6 +413,42 @@ CREATE INDEX providers_user_idx ON providers (user_id);
 `,
 	},
 	{
+		version: 50,
+		name:    "node leases and the event spill table",
+		// nodes holds one lease per running process (per run): renewed on
+		// the database clock, it lapses when the process dies, and a
+		// surviving node then releases the sockets it held. The spill table
+		// was created by the PostgreSQL bus at start before; it is part of
+		// the schema now (IF NOT EXISTS keeps older databases valid).
+		postgres: `
+CREATE TABLE nodes (
+	run        text PRIMARY KEY,
+	node_id    text NOT NULL,
+	addr       text NOT NULL DEFAULT '',
+	started_at timestamptz NOT NULL DEFAULT now(),
+	renewed_at timestamptz NOT NULL DEFAULT now(),
+	expires_at timestamptz NOT NULL
+);
+CREATE INDEX nodes_node_idx ON nodes (node_id);
+CREATE INDEX nodes_expiry_idx ON nodes (expires_at);
+CREATE UNLOGGED TABLE IF NOT EXISTS joblib_event_spill (
+	id bigserial PRIMARY KEY, payload text NOT NULL, created_at timestamptz NOT NULL DEFAULT now()
+);
+`,
+		sqlite: `
+CREATE TABLE nodes (
+	run        TEXT PRIMARY KEY,
+	node_id    TEXT NOT NULL,
+	addr       TEXT NOT NULL DEFAULT '',
+	started_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ','now')),
+	renewed_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ','now')),
+	expires_at TEXT NOT NULL
+);
+CREATE INDEX nodes_node_idx ON nodes (node_id);
+CREATE INDEX nodes_expiry_idx ON nodes (expires_at);
+`,
+	},
+	{
 		version: 60,
 		name:    "task retention index",
 		// Retention deletes finished tasks by (status, completed_at) in
@@ -430,15 +466,34 @@ DROP INDEX IF EXISTS tasks_status_idx;
 	},
 }
 
+// SchemaLockSQL takes the transaction-scoped advisory lock that serialises
+// every schema change joblib makes (migrations, the event spill table, first
+// bootstrap rows) among the processes sharing a schema. Anything that runs
+// DDL or a check-then-create at start takes it, so that any number of nodes
+// may start together on an empty database.
+const SchemaLockSQL = "SELECT pg_advisory_xact_lock(hashtext('joblib:schema'), hashtext(current_schema()))"
+
+// LockSchema takes the schema lock for the rest of the transaction
+// (PostgreSQL; SQLite serialises writers anyway).
+func (q *Q) LockSchema() error {
+	if q.d != Postgres {
+		return nil
+	}
+	if err := q.g.Exec(SchemaLockSQL).Error; err != nil {
+		return fmt.Errorf("lock schema: %w", err)
+	}
+	return nil
+}
+
 // Migrate brings the schema to the newest version. It is safe to run from
-// several processes at once on PostgreSQL (an advisory lock serialises them)
+// several processes at once on PostgreSQL (the schema lock serialises them)
 // and idempotent everywhere. It returns the versions it applied.
 func (db *DB) Migrate(ctx context.Context) ([]int, error) {
 	var applied []int
 	err := db.Tx(ctx, func(q *Q) error {
 		if db.dialect == Postgres {
-			if err := q.g.Exec("SELECT pg_advisory_xact_lock(7429001)").Error; err != nil {
-				return fmt.Errorf("lock migrations: %w", err)
+			if err := q.LockSchema(); err != nil {
+				return err
 			}
 		}
 		ts := "timestamptz NOT NULL DEFAULT now()"

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The one test command (README, .ci/run). It prepares everything a fresh machine lacks:
 # a running PostgreSQL with a `test` database reachable on 127.0.0.1:5432, the Node
-# Socket.IO test client (npm ci), Debian's python3-socketio, promtool (Debian's prometheus),
-# systemd-analyze and python3-yaml for the deploy artefacts, then runs the Go suite with -race
-# (which also builds the static binary of the Dockerfile, deploy/deploy_test.go).
+# Socket.IO test client (npm ci), Debian's python3-socketio, a NATS server on 127.0.0.1:4222,
+# promtool (Debian's prometheus), systemd-analyze and python3-yaml for the deploy artefacts, then runs
+# the Go suite with -race (which also builds the static binary of the Dockerfile, deploy/deploy_test.go).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -82,7 +82,27 @@ ensure_deploy_tools() {
   fi
 }
 
+# NATS for the optional NATS event bus tests, on 127.0.0.1:4222.
+ensure_nats() {
+  if (exec 3<>/dev/tcp/127.0.0.1/4222) 2>/dev/null; then
+    return
+  fi
+  if [ ! -x /usr/sbin/nats-server ]; then
+    log "installing Debian's nats-server"
+    apt_install nats-server
+  fi
+  log "starting nats-server on 127.0.0.1:4222"
+  start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- -a 127.0.0.1 -p 4222
+  for _ in $(seq 1 40); do
+    (exec 3<>/dev/tcp/127.0.0.1/4222) 2>/dev/null && return
+    sleep 0.25
+  done
+  log "nats-server did not come up on 127.0.0.1:4222"
+  return 1
+}
+
 ensure_postgres
+ensure_nats
 ensure_python_client
 ensure_node_client
 ensure_deploy_tools

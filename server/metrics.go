@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/zndraw/joblib/events"
 	"github.com/zndraw/joblib/joblib"
 	"github.com/zndraw/joblib/models"
 )
@@ -32,6 +33,12 @@ type Metrics struct {
 	SweeperLeader prometheus.Gauge
 	// TasksDeleted counts finished tasks deleted by retention, by status.
 	TasksDeleted *prometheus.CounterVec
+	// BusGaps counts detected losses of other nodes' events, by reason
+	// (sequence, reconnect).
+	BusGaps *prometheus.CounterVec
+	// BusLag observes the delivery lag of batches received from other
+	// nodes (publisher's clock to receipt).
+	BusLag prometheus.Histogram
 }
 
 // NewMetrics creates the metrics, registers them (and a collector that
@@ -63,9 +70,23 @@ func NewMetrics(reg prometheus.Registerer, svc *joblib.Service) (*Metrics, error
 		TasksDeleted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "joblib_tasks_deleted_total", Help: "Finished tasks deleted by retention, by status (completed, cancelled, failed).",
 		}, []string{"status"}),
+		BusGaps: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "joblib_bus_gaps_total", Help: "Detected losses of other nodes' events, by reason (sequence, reconnect); UI rooms are told to refetch.",
+		}, []string{"reason"}),
+		BusLag: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "joblib_bus_lag_seconds", Help: "Delivery lag of event batches received from other nodes (publisher's clock to receipt).",
+			Buckets: []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5},
+		}),
 	}
 	for _, st := range []string{models.StatusCompleted, models.StatusCancelled, models.StatusFailed} {
 		m.TasksDeleted.WithLabelValues(st)
+	}
+	for _, r := range events.GapReasons {
+		m.BusGaps.WithLabelValues(r)
+	}
+	if mon, ok := svc.Bus().(events.Monitored); ok {
+		mon.Monitor().OnGap(func(g events.Gap) { m.BusGaps.WithLabelValues(g.Reason).Inc() })
+		mon.Monitor().OnLag(func(d time.Duration) { m.BusLag.Observe(max(d, 0).Seconds()) })
 	}
 	for _, p := range joblib.Paths {
 		m.WorkersCleaned.WithLabelValues(p)
@@ -75,7 +96,7 @@ func NewMetrics(reg prometheus.Registerer, svc *joblib.Service) (*Metrics, error
 		m.Sweeps.WithLabelValues(o)
 	}
 	for _, c := range []prometheus.Collector{m.WorkersCleaned, m.DetectionLatency, m.FalsePositives, m.Sweeps,
-		m.SweepDuration, m.SweeperLeader, m.TasksDeleted, newStateCollector(svc.DB())} {
+		m.SweepDuration, m.SweeperLeader, m.TasksDeleted, m.BusGaps, m.BusLag, newStateCollector(svc.DB())} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register metrics: %w", err)
 		}
@@ -143,6 +164,7 @@ type stateCollector struct {
 	db      *models.DB
 	workers *prometheus.Desc
 	tasks   *prometheus.Desc
+	nodes   *prometheus.Desc
 }
 
 func newStateCollector(db *models.DB) *stateCollector {
@@ -150,12 +172,14 @@ func newStateCollector(db *models.DB) *stateCollector {
 		db:      db,
 		workers: prometheus.NewDesc("joblib_workers", "Registered (live) workers.", nil, nil),
 		tasks:   prometheus.NewDesc("joblib_tasks", "Tasks by status.", []string{"status"}, nil),
+		nodes:   prometheus.NewDesc("joblib_nodes", "Node leases by state: live, or lapsed and not yet released.", []string{"state"}, nil),
 	}
 }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.workers
 	ch <- c.tasks
+	ch <- c.nodes
 }
 
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
@@ -167,6 +191,18 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.NewInvalidMetric(c.workers, err)
 	} else {
 		ch <- prometheus.MustNewConstMetric(c.workers, prometheus.GaugeValue, float64(total))
+	}
+	if nodes, err := q.ListNodes(); err != nil {
+		ch <- prometheus.NewInvalidMetric(c.nodes, err)
+	} else {
+		var live float64
+		for _, n := range nodes {
+			if n.Live {
+				live++
+			}
+		}
+		ch <- prometheus.MustNewConstMetric(c.nodes, prometheus.GaugeValue, live, "live")
+		ch <- prometheus.MustNewConstMetric(c.nodes, prometheus.GaugeValue, float64(len(nodes))-live, "lapsed")
 	}
 	counts, err := q.CountTasksByStatus()
 	if err != nil {
@@ -203,4 +239,12 @@ func (c socketCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c socketCollector) Collect(ch chan<- prometheus.Metric) {
 	c.open.Collect(ch)
 	c.disconnects.Collect(ch)
+}
+
+// ForwardCollector counts the socket requests (polling, upgrades) this node
+// forwarded to the node that holds their session.
+func ForwardCollector(rt *Realtime) prometheus.Collector {
+	return prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "joblib_socket_forwarded_total", Help: "Socket.IO requests forwarded to the node holding their session (load balancers without stickiness).",
+	}, func() float64 { return float64(rt.Forwarded()) })
 }

@@ -6,6 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/zndraw/joblib/server"
+
 	"github.com/zndraw/joblib/events"
 	"github.com/zndraw/joblib/internal/dbtest"
 	"github.com/zndraw/joblib/joblib"
@@ -122,5 +125,74 @@ func testTwoNodesHotEventsMatch(t *testing.T, a, b *env) {
 		if fmt.Sprint(pa) != fmt.Sprint(pb) {
 			t.Fatalf("%s event differs between nodes:\nA %v\nB %v", status, pa, pb)
 		}
+	}
+}
+
+// TestBusGapInvalidatesAndWakes: node B's LISTEN connection dies and a task
+// completes on node A meanwhile (its NOTIFY never reaches B). When B listens
+// again it reports the gap: its UI rooms get jobs_invalidate,
+// providers_invalidate and tasks_invalidate, a long-poll on B re-reads its
+// row and answers "completed" without waiting out its wait, and the gap is
+// counted in joblib_bus_gaps_total.
+func TestBusGapInvalidatesAndWakes(t *testing.T) {
+	t.Parallel()
+	url := dbtest.URL(t, models.Postgres)
+	ctx := context.Background()
+	node := func(name string) (*models.DB, *events.PGBus) {
+		db, err := models.Open(ctx, url, models.OpenOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { db.Close() })
+		if _, err := db.Migrate(ctx); err != nil {
+			t.Fatal(err)
+		}
+		bus := events.NewPGBus(db.Pool, name, nil)
+		if err := bus.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(bus.Stop)
+		return db, bus
+	}
+	dbA, busA := node("gap-a")
+	dbB, busB := node("gap-b")
+	a := setup(t, dbA, withBus(busA), withRealtime(realtimeCfg()))
+	b := setupShared(t, dbB, busB, a)
+	m, err := server.NewMetrics(prometheus.NewRegistry(), b.svc)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	wid := a.registerJob(a.alice, "gp", "modifiers", "Job")["worker_id"].(string)
+	id := a.submit(a.bob, "gp", "gp:modifiers:Job", nil)
+	a.claim(a.alice, wid)
+	a.patch(a.alice, id, "running").want(200)
+	ui := mustDialSIO(t, b.url, b.bob)
+	ui.mustCall("join_room", map[string]any{"room_id": "gp"})
+
+	done := make(chan resp, 1)
+	go func() { done <- b.do(b.alice, "GET", api+"/tasks/"+id, nil, "Prefer: wait=20") }()
+	time.Sleep(200 * time.Millisecond) // the long-poll is waiting
+	if _, err := dbA.Pool.Exec(ctx, "SELECT pg_terminate_backend($1)", busB.ListenerPID()); err != nil {
+		t.Fatal(err)
+	}
+	a.patch(a.alice, id, "completed").want(200)
+	completed := time.Now()
+	select {
+	case r := <-done:
+		if r.want(200).M()["status"] != "completed" {
+			t.Fatalf("long-poll on node B answered %s", r.Body)
+		}
+		if d := time.Since(completed); d > 10*time.Second {
+			t.Fatalf("long-poll answered %s after the completion: not woken by the gap", d)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("long-poll on node B not woken after the bus gap")
+	}
+	for _, ev := range []string{"jobs_invalidate", "providers_invalidate", "tasks_invalidate"} {
+		ui.waitEvent(ev, 5*time.Second, func(map[string]any) bool { return true })
+	}
+	if got := testCounter(t, m.BusGaps.WithLabelValues(events.GapReconnect)); got < 1 {
+		t.Fatalf("joblib_bus_gaps_total{reason=reconnect} = %v", got)
 	}
 }

@@ -90,6 +90,7 @@ type Realtime struct {
 	// disconnects counts closed sockets by reason (a fixed set, see
 	// sio.Reason*): "slow consumer" is the one operators alert on.
 	disconnects *prometheus.CounterVec
+	fwd         *forwarder
 
 	mu     sync.Mutex
 	bound  map[uuid.UUID]*sio.Socket // worker -> its socket on this node
@@ -149,12 +150,18 @@ func (s *Server) NewRealtime(cfg RealtimeConfig, log *slog.Logger) *Realtime {
 		OnReject:           s.rejections.Inc,
 		RejectAck:          rejectAck,
 		Logger:             log,
+		SessionID:          nodeSessionID(s.svc.Node().Run),
 	}, rt)
+	rt.fwd = newForwarder(s.svc, func(sid string) bool { return rt.io.Engine().Lookup(sid) != nil }, rt.io, log)
 	return rt
 }
 
-// ServeHTTP serves /socket.io/.
-func (rt *Realtime) ServeHTTP(w http.ResponseWriter, r *http.Request) { rt.io.ServeHTTP(w, r) }
+// ServeHTTP serves /socket.io/. Requests for sessions of other nodes are
+// forwarded to them.
+func (rt *Realtime) ServeHTTP(w http.ResponseWriter, r *http.Request) { rt.fwd.ServeHTTP(w, r) }
+
+// Forwarded is the number of socket requests forwarded to other nodes.
+func (rt *Realtime) Forwarded() int64 { return rt.fwd.forwarded.Load() }
 
 // IO exposes the Socket.IO server (room sizes, socket counts).
 func (rt *Realtime) IO() *sio.Server { return rt.io }
@@ -162,6 +169,9 @@ func (rt *Realtime) IO() *sio.Server { return rt.io }
 // Start subscribes to the bus and starts the keep-alive loop.
 func (rt *Realtime) Start() {
 	rt.unsub = rt.svc.Bus().Subscribe(rt.deliver)
+	if m, ok := rt.svc.Bus().(events.Monitored); ok {
+		m.Monitor().OnGap(func(events.Gap) { rt.invalidateAll() })
+	}
 	rt.wg.Go(rt.keepAlive)
 	rt.wg.Go(rt.recheckCredentials)
 }
@@ -190,6 +200,22 @@ func (rt *Realtime) Shutdown(ctx context.Context) error {
 	rt.cancel()
 	rt.wg.Wait()
 	return err
+}
+
+// DropWorkerSockets closes every socket that holds a worker on this node, so
+// that those workers reconnect and join again. Used when this node's lease
+// was taken away: another node has released (cleaned) its workers.
+func (rt *Realtime) DropWorkerSockets() int {
+	rt.mu.Lock()
+	socks := make(map[*sio.Socket]bool, len(rt.bound))
+	for _, s := range rt.bound {
+		socks[s] = true
+	}
+	rt.mu.Unlock()
+	for s := range socks {
+		s.Disconnect()
+	}
+	return len(socks)
 }
 
 // deliver sends a committed emission to its room. It never blocks: the
@@ -221,6 +247,29 @@ func rejectAck(limit string) []any {
 		status = 422
 	}
 	return []any{ack{Status: status, Detail: detail}}
+}
+
+// invalidateAll tells every UI room on this node to refetch: events of
+// other nodes were lost (a bus gap), so its job, provider and task views
+// may be stale.
+func (rt *Realtime) invalidateAll() {
+	rt.mu.Lock()
+	closed := rt.closed
+	rt.mu.Unlock()
+	if closed {
+		return
+	}
+	n := 0
+	for _, room := range rt.io.Rooms() {
+		if !strings.HasPrefix(room, "room:") {
+			continue
+		}
+		for _, ev := range []events.Event{events.JobsInvalidate{}, events.ProvidersInvalidate{}, events.TasksInvalidate{}} {
+			rt.deliver(events.Emission{Room: room, Event: ev})
+		}
+		n++
+	}
+	rt.log.Warn("event bus gap: UI rooms told to refetch", "rooms", n)
 }
 
 // connectError is a CONNECT refusal.

@@ -36,6 +36,16 @@ type Config struct {
 	LogFormat string `env:"LOG_FORMAT" envDefault:"text"`
 	// ShutdownTimeout bounds the drain of in-flight requests on SIGTERM/SIGINT.
 	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"30s"`
+	// NodeAddr is the host:port other nodes reach this one at (advertised
+	// in its lease). Default: the listen address, with this host's name for
+	// an unspecified host.
+	NodeAddr string `env:"NODE_ADDR"`
+	// BusURL selects the event bus between nodes: empty means PostgreSQL
+	// NOTIFY (on PostgreSQL; in-process on SQLite), nats://host:port a NATS
+	// server (several servers comma-separated).
+	BusURL string `env:"BUS_URL"`
+	// BusSubject is the NATS subject the nodes of one deployment share.
+	BusSubject string `env:"BUS_SUBJECT" envDefault:"joblib.events"`
 
 	Server   server.Config
 	Realtime server.RealtimeConfig
@@ -81,6 +91,16 @@ func (c Config) validate() error {
 	if c.Server.MaxBodyBytes <= 0 {
 		return fmt.Errorf("JOBLIB_MAX_BODY_BYTES must be positive, got %d", c.Server.MaxBodyBytes)
 	}
+	if c.BusURL != "" {
+		for _, u := range strings.Split(c.BusURL, ",") {
+			if u = strings.TrimSpace(u); !strings.HasPrefix(u, "nats://") && !strings.HasPrefix(u, "tls://") {
+				return fmt.Errorf("JOBLIB_BUS_URL must be nats://host:port (or tls://), got %q", u)
+			}
+		}
+		if c.BusSubject == "" || strings.ContainsAny(c.BusSubject, " \t*>") {
+			return fmt.Errorf("JOBLIB_BUS_SUBJECT must be a plain NATS subject, got %q", c.BusSubject)
+		}
+	}
 	if c.Server.MaxJSONDepth < 1 || c.Server.MaxListOffset < 1 {
 		return fmt.Errorf("JOBLIB_MAX_JSON_DEPTH must be positive and JOBLIB_MAX_LIST_OFFSET positive, got %d and %d", c.Server.MaxJSONDepth, c.Server.MaxListOffset)
 	}
@@ -124,14 +144,23 @@ var otherVariables = []string{"JOBLIB_TEST_DATABASE_URL"}
 
 // knownVariables lists every JOBLIB_ variable joblib reads.
 func knownVariables() []string {
-	vars := map[string]string{}
-	collectEnvNames(reflect.TypeOf(Config{}), vars)
+	// Every field's variable, also where two structs name a field alike
+	// (the REST and the socket JSON depth budgets are both MaxJSONDepth).
 	out := append([]string(nil), otherVariables...)
-	for _, v := range vars {
-		out = append(out, v)
+	var walk func(t reflect.Type)
+	walk = func(t reflect.Type) {
+		for i := range t.NumField() {
+			f := t.Field(i)
+			if tag := f.Tag.Get("env"); tag != "" {
+				out = append(out, envPrefix+strings.Split(tag, ",")[0])
+			} else if f.Type.Kind() == reflect.Struct && f.Type != reflect.TypeOf(time.Time{}) {
+				walk(f.Type)
+			}
+		}
 	}
+	walk(reflect.TypeOf(Config{}))
 	slices.Sort(out)
-	return out
+	return slices.Compact(out)
 }
 
 // unknownVariables warns about JOBLIB_ variables joblib does not read (a

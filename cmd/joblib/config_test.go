@@ -200,3 +200,30 @@ func TestConfigCredentials(t *testing.T) {
 		}
 	}
 }
+
+// The cluster variables: defaults, and bad values named in the error.
+func TestConfigClusterVariables(t *testing.T) {
+	t.Parallel()
+	cfg, err := loadConfig(map[string]string{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Settings.NodeLeaseTimeout != 10*time.Second || cfg.BusURL != "" || cfg.BusSubject != "joblib.events" || cfg.NodeAddr != "" {
+		t.Fatalf("defaults: lease %s, bus %q %q, addr %q", cfg.Settings.NodeLeaseTimeout, cfg.BusURL, cfg.BusSubject, cfg.NodeAddr)
+	}
+	cfg, err = loadConfig(map[string]string{"JOBLIB_BUS_URL": "nats://a:4222,nats://b:4222", "JOBLIB_NODE_LEASE_TIMEOUT": "3s"})
+	if err != nil || cfg.Settings.NodeLeaseTimeout != 3*time.Second {
+		t.Fatalf("valid values: %v %+v", err, cfg.Settings.NodeLeaseTimeout)
+	}
+	for k, v := range map[string]string{
+		"JOBLIB_BUS_URL":            "redis://localhost:6379",
+		"JOBLIB_NODE_LEASE_TIMEOUT": "0s",
+	} {
+		if _, err := loadConfig(map[string]string{k: v}); err == nil || !strings.Contains(err.Error(), k) {
+			t.Errorf("%s=%s: %v, want an error naming the variable", k, v, err)
+		}
+	}
+	if _, err := loadConfig(map[string]string{"JOBLIB_BUS_URL": "nats://a:4222", "JOBLIB_BUS_SUBJECT": "joblib.*"}); err == nil || !strings.Contains(err.Error(), "JOBLIB_BUS_SUBJECT") {
+		t.Errorf("wildcard subject: %v", err)
+	}
+}

@@ -56,10 +56,12 @@ func joblibBinary(t *testing.T) string {
 
 // proc is a running `joblib serve`.
 type proc struct {
-	cmd    *exec.Cmd
-	addr   string
-	stderr *syncBuffer
-	done   chan error
+	cmd       *exec.Cmd
+	addr      string
+	stderr    *syncBuffer
+	stdout    *syncBuffer
+	done      chan error
+	listening chan string
 }
 
 type syncBuffer struct {
@@ -84,13 +86,21 @@ var listenLine = regexp.MustCompile(`msg=listening addr=(\S+)`)
 // startServe runs the binary with env and waits for it to listen.
 func startServe(t *testing.T, env ...string) *proc {
 	t.Helper()
+	p := launchServe(t, env...)
+	p.waitListening(t)
+	return p
+}
+
+// launchServe starts the binary with env without waiting for it.
+func launchServe(t *testing.T, env ...string) *proc {
+	t.Helper()
 	cmd := exec.Command(joblibBinary(t), "serve")
 	cmd.Env = append(os.Environ(), append([]string{"JOBLIB_LISTEN_ADDR=127.0.0.1:0"}, env...)...)
 	cmd.Dir = t.TempDir()
 	pr, pw := io.Pipe()
-	p := &proc{cmd: cmd, stderr: &syncBuffer{}, done: make(chan error, 1)}
+	p := &proc{cmd: cmd, stderr: &syncBuffer{}, stdout: &syncBuffer{}, done: make(chan error, 1), listening: make(chan string, 1)}
 	cmd.Stderr = io.MultiWriter(pw, p.stderr)
-	cmd.Stdout = io.Discard
+	cmd.Stdout = p.stdout
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -101,25 +111,29 @@ func startServe(t *testing.T, env ...string) *proc {
 			<-p.done
 		}
 	})
-	addr := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(pr)
 		for sc.Scan() {
 			if m := listenLine.FindStringSubmatch(sc.Text()); m != nil {
-				addr <- m[1]
+				p.listening <- m[1]
 				break
 			}
 		}
 		_, _ = io.Copy(io.Discard, pr)
 	}()
+	return p
+}
+
+// waitListening waits until the process listens and records its address.
+func (p *proc) waitListening(t *testing.T) {
+	t.Helper()
 	select {
-	case p.addr = <-addr:
+	case p.addr = <-p.listening:
 	case err := <-p.done:
 		t.Fatalf("joblib serve exited before listening: %v\n%s", err, p.stderr)
 	case <-time.After(30 * time.Second):
 		t.Fatalf("joblib serve did not listen within 30s\n%s", p.stderr)
 	}
-	return p
 }
 
 // base is the REST root of the running server.

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -94,7 +95,19 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 		return err
 	}
 	var bus events.Bus = events.NewLocalBus()
-	if db.Pool != nil {
+	switch {
+	case cfg.BusURL != "":
+		// NATS: events leave after commit on a subject the nodes share.
+		nb := events.NewNATSBus(cfg.BusURL, cfg.BusSubject, node.ID+"/"+node.Run, log.With("component", "events"))
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := nb.Start(sctx)
+		cancel()
+		if err != nil {
+			return err
+		}
+		defer nb.Stop()
+		bus = nb
+	case db.Pool != nil:
 		// PostgreSQL: several nodes may share the database; events reach
 		// the sockets and long-polls of every node.
 		pb := events.NewPGBus(db.Pool, node.ID+"/"+node.Run, log.With("component", "events"))
@@ -138,7 +151,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 		return err
 	}
 	defer stopRecovery()
-	sweeper := joblib.NewSweeper(svc, joblib.SweeperConfig{Logger: log})
+	sweeper := joblib.NewSweeper(svc, joblib.SweeperConfig{Logger: log, NodeGrace: cfg.Realtime.DisconnectGrace})
 	metrics.ObserveSweeper(sweeper)
 	if err := sweeper.Start(ctx); err != nil {
 		return fmt.Errorf("start sweeper: %w", err)
@@ -149,7 +162,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	rt := srv.NewRealtime(cfg.Realtime, log.With("component", "socketio"))
 	srv.Handle("/socket.io/", rt)
 	rt.Start()
-	reg.MustRegister(server.SocketCollector(rt), srv.Rejections())
+	reg.MustRegister(server.SocketCollector(rt), server.ForwardCollector(rt), srv.Rejections())
 	metricsHandler := server.RequireBearer(cfg.Server.MetricsToken, server.MetricsHandler(reg))
 	if cfg.Server.MetricsAddr == "" {
 		srv.Handle("GET /metrics", metricsHandler)
@@ -174,6 +187,19 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	if err != nil {
 		return err
 	}
+	// The lease says this run is alive (and where other nodes reach it);
+	// stopping it at shutdown makes this node's sockets count as closed
+	// at once, so that their workers get their grace from that moment.
+	lease := svc.NewLease(joblib.LeaseConfig{
+		Addr:   advertiseAddr(cfg.NodeAddr, ln.Addr()),
+		Logger: log,
+		OnLost: func() { rt.DropWorkerSockets() },
+	})
+	if err := lease.Start(ctx); err != nil {
+		ln.Close()
+		return fmt.Errorf("start node lease: %w", err)
+	}
+	defer lease.Stop()
 	longest := max(cfg.Settings.LongPollMaxWait, cfg.Settings.ProviderLongPollMax)
 	hs := &http.Server{
 		Handler:           srv.Handler(),
@@ -218,38 +244,50 @@ func bootstrapAuth(ctx context.Context, cfg Config, svc *joblib.Service) (string
 	if cfg.Server.AdminToken != "" {
 		return "", svc.EnsureAdminToken(ctx, cfg.Server.AdminToken)
 	}
-	has, err := svc.HasUsers(ctx)
-	if err != nil || has {
-		return "", err
-	}
-	tok, _, err := svc.CreateToken(ctx, "admin", true)
+	tok, err := svc.CreateFirstAdmin(ctx)
 	if err != nil {
-		return "", fmt.Errorf("create the initial admin token: %w", err)
+		return "", err
 	}
 	return tok, nil
 }
 
-// recoverNode is startup recovery: it cleans the workers whose sockets a
-// previous run of this node held. It waits one disconnect grace window
-// first, so that workers whose sockets reconnect to this run (a restart or a
-// deploy is a socket blip to them) re-attach and keep their claims, exactly
-// as after a dropped connection. The node lock (held for the process's life)
-// makes sure no other running process uses the same node id; when it is
-// taken (a second process with this JOBLIB_NODE_ID, or the session of a
-// crashed host the database has not noticed yet), recovery is skipped, which
-// is safe: the sweeper still judges those workers by their heartbeat. The
-// returned function stops a pending recovery and releases the lock.
+// nodeLockPatience is how long a starting process waits for its node id's
+// lock before refusing to start.
+const nodeLockPatience = 3 * time.Second
+
+// recoverNode takes the node lock and runs startup recovery: it cleans the
+// workers whose sockets an earlier run of this node held. It waits one
+// disconnect grace window first, so that workers whose sockets reconnect to
+// this run (a restart or a deploy is a socket blip to them) re-attach and
+// keep their claims, exactly as after a dropped connection. The node lock
+// (held for the process's life) guarantees that no other running process
+// uses the same node id: when another live process holds it, this one
+// refuses to start (an error, so a non-zero exit). Recovery is also fenced
+// by run: it never touches a run whose lease is live. The returned function
+// stops a pending recovery and releases the lock.
 func recoverNode(ctx context.Context, db *models.DB, svc *joblib.Service, grace time.Duration, log *slog.Logger) (stop func(), err error) {
 	node := svc.Node()
 	lock := db.NewSessionLock("node:" + node.ID)
-	held, err := lock.Hold(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("lock node id %q: %w", node.ID, err)
+	// A process restarted right after its predecessor was killed can find
+	// the dead process's database session not yet ended (the server notices
+	// the closed connection a moment later): try for a few seconds before
+	// calling the id taken.
+	var held bool
+	for deadline := time.Now().Add(nodeLockPatience); ; {
+		if held, err = lock.Hold(ctx); err != nil {
+			return nil, fmt.Errorf("lock node id %q: %w", node.ID, err)
+		}
+		if held || time.Now().After(deadline) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
 	}
 	if !held {
-		log.Error("another running process holds this node id; startup recovery skipped (give each process its own JOBLIB_NODE_ID)",
-			"node", node.ID, "run", node.Run)
-		return func() {}, nil
+		return nil, fmt.Errorf("node id %q is held by another running process: give each process its own JOBLIB_NODE_ID (or leave it unset for a unique one)", node.ID)
 	}
 	log.Info("node started", "node", node.ID, "run", node.Run, "recovery_in", grace)
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -276,4 +314,23 @@ func recoverNode(ctx context.Context, db *models.DB, svc *joblib.Service, grace 
 		<-done
 		lock.Release()
 	}, nil
+}
+
+// advertiseAddr is the address other nodes reach this one at: the
+// configured JOBLIB_NODE_ADDR, else the listen address, with an unspecified
+// host (":8080", "0.0.0.0:8080") replaced by this host's name.
+func advertiseAddr(configured string, ln net.Addr) string {
+	if configured != "" {
+		return configured
+	}
+	host, port, err := net.SplitHostPort(ln.String())
+	if err != nil {
+		return ln.String()
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		if h, err := os.Hostname(); err == nil {
+			host = h
+		}
+	}
+	return net.JoinHostPort(host, port)
 }

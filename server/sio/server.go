@@ -166,6 +166,10 @@ func (srv *Server) Shutdown(ctx context.Context) error {
 // goroutines counts the goroutines of both layers.
 func (srv *Server) goroutines() int { return srv.tr.count() + srv.eio.Goroutines() }
 
+// Rooms lists the rooms of the main namespace that have members on this
+// server.
+func (srv *Server) Rooms() []string { return srv.main.Rooms() }
+
 // Namespace is one Socket.IO namespace: its handler, sockets and rooms.
 type Namespace struct {
 	name     string
@@ -221,6 +225,17 @@ func (n *Namespace) EmitHintTo(room, event string, args ...any) error {
 
 // RoomSize returns the number of sockets of the namespace in room.
 func (n *Namespace) RoomSize(room string) int { return n.rooms.size(room) }
+
+// Rooms lists the namespace's rooms that have members.
+func (n *Namespace) Rooms() []string {
+	n.rooms.mu.RLock()
+	defer n.rooms.mu.RUnlock()
+	out := make([]string, 0, len(n.rooms.m))
+	for r := range n.rooms.m {
+		out = append(out, r)
+	}
+	return out
+}
 
 // NumSockets returns the number of connected sockets of the namespace.
 func (n *Namespace) NumSockets() int { return int(n.nsockets.Load()) }

@@ -1,0 +1,169 @@
+package events
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// DefaultSubject is the NATS subject joblib nodes share by default.
+const DefaultSubject = "joblib.events"
+
+// NATSBus is the multi-node Bus over a NATS server, for deployments whose
+// event rate outgrows PostgreSQL NOTIFY (every NOTIFY takes a global lock at
+// commit). Emissions are delivered to this node's subscribers at once and
+// published, after commit, on one subject. NATS core delivery is
+// at-most-once: batches carry per-node sequence numbers, and a gap or a
+// reconnect is reported through Monitor so that clients refetch.
+type NATSBus struct {
+	*LocalBus
+	url     string
+	subject string
+	node    string
+	log     *slog.Logger
+
+	mon   Monitor
+	track *seqTracker
+
+	pubMu sync.Mutex // numbers and sends in one order
+	seq   uint64
+
+	mu     sync.Mutex
+	nc     *nats.Conn
+	sub    *nats.Subscription
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// NewNATSBus builds a bus on the NATS server at url (nats://host:port),
+// sharing subject with the other nodes (DefaultSubject when empty); node must
+// be unique per running process. Call Start before publishing.
+func NewNATSBus(url, subject, node string, log *slog.Logger) *NATSBus {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if subject == "" {
+		subject = DefaultSubject
+	}
+	return &NATSBus{LocalBus: NewLocalBus(), url: url, subject: subject, node: node, log: log, track: newSeqTracker(ReorderWindow)}
+}
+
+// Monitor implements Monitored.
+func (b *NATSBus) Monitor() *Monitor { return &b.mon }
+
+// Start connects and subscribes; it returns once the subscription is in
+// place on the server (nothing published afterwards is missed).
+func (b *NATSBus) Start(ctx context.Context) error {
+	opts := []nats.Option{
+		nats.Name("joblib " + b.node),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250 * time.Millisecond),
+		nats.ReconnectJitter(100*time.Millisecond, time.Second),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				b.log.Error("event bus connection lost; reconnecting", "err", err)
+			}
+		}),
+		nats.ReconnectHandler(func(*nats.Conn) {
+			b.track.reset()
+			b.log.Warn("event bus reconnected; emissions of other nodes may have been missed")
+			b.mon.gap(Gap{Reason: GapReconnect})
+		}),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			if errors.Is(err, nats.ErrSlowConsumer) {
+				// Messages were dropped for this subscriber; the sequence
+				// check reports the gap.
+				b.log.Error("event bus: slow consumer, messages dropped", "err", err)
+				return
+			}
+			b.log.Error("event bus", "err", err)
+		}),
+	}
+	if d, ok := ctx.Deadline(); ok {
+		opts = append(opts, nats.Timeout(time.Until(d)))
+	}
+	nc, err := nats.Connect(b.url, opts...)
+	if err != nil {
+		return fmt.Errorf("connect to event bus %s: %w", b.url, err)
+	}
+	sub, err := nc.Subscribe(b.subject, b.receive)
+	if err == nil {
+		err = sub.SetPendingLimits(1<<20, 1<<30)
+	}
+	if err == nil {
+		err = nc.FlushWithContext(ctx)
+	}
+	if err != nil {
+		nc.Close()
+		return fmt.Errorf("subscribe to event bus %s: %w", b.subject, err)
+	}
+	lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan struct{})
+	b.mu.Lock()
+	b.nc, b.sub, b.cancel, b.done = nc, sub, cancel, done
+	b.mu.Unlock()
+	go func() {
+		defer close(done)
+		expireLoop(lctx, b.track, &b.mon, b.log)
+	}()
+	return nil
+}
+
+// Stop drains the subscription and closes the connection.
+func (b *NATSBus) Stop() {
+	b.mu.Lock()
+	nc, cancel, done := b.nc, b.cancel, b.done
+	b.nc, b.cancel = nil, nil
+	b.mu.Unlock()
+	if nc == nil {
+		return
+	}
+	cancel()
+	<-done
+	nc.Close()
+}
+
+// Publish implements Bus: local subscribers first, then the other nodes.
+func (b *NATSBus) Publish(ctx context.Context, ems []Emission) error {
+	if len(ems) == 0 {
+		return nil
+	}
+	b.Deliver(ems)
+	b.mu.Lock()
+	nc := b.nc
+	b.mu.Unlock()
+	if nc == nil {
+		return errors.New("publish event batch: the NATS bus is not started")
+	}
+	b.pubMu.Lock()
+	defer b.pubMu.Unlock()
+	b.seq++
+	msg, err := encodeBatch(b.node, "", b.seq, ems)
+	if err != nil {
+		return err
+	}
+	if err := nc.Publish(b.subject, msg); err != nil {
+		return fmt.Errorf("publish event batch: %w", err)
+	}
+	return nil
+}
+
+func (b *NATSBus) receive(m *nats.Msg) {
+	var batch wireBatch
+	if err := json.Unmarshal(m.Data, &batch); err != nil {
+		b.log.Warn("undecodable event batch", "err", err)
+		return
+	}
+	if batch.Node == b.node {
+		return
+	}
+	receiveBatch(batch, b.LocalBus, b.track, &b.mon, b.log)
+}
+
+var _ Bus = (*NATSBus)(nil)
