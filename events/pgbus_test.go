@@ -280,3 +280,92 @@ func TestPGBusCleansSpillOnTimer(t *testing.T) {
 	b.Stop()
 	b.Stop() // idempotent
 }
+
+// Each schema has a NOTIFY channel of its own: a deployment in another schema
+// of the same database is not even sent the notifications.
+func TestPGBusChannelPerSchema(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	one, two := dbtest.URL(t, models.Postgres), dbtest.URL(t, models.Postgres)
+	open := func(url, node string) (*models.DB, *events.PGBus) {
+		db, err := models.Open(ctx, url, models.OpenOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { db.Close() })
+		b := events.NewPGBus(db.Pool, node, nil)
+		if err := b.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(b.Stop)
+		return db, b
+	}
+	_, pub := open(one, "ch-pub")
+	dbTwo, other := open(two, "ch-other")
+	if pub.Channel() == other.Channel() {
+		t.Fatalf("two schemas share the NOTIFY channel %q", pub.Channel())
+	}
+	// A raw listener on the other schema's channel hears nothing of the
+	// first schema's publishes (and, as a control, hears its own schema's).
+	conn, err := dbTwo.Pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, `LISTEN "`+other.Channel()+`"`); err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.Publish(ctx, []events.Emission{{Room: events.Room("x"), Event: events.JobsInvalidate{}}}); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	n, err := conn.Conn().WaitForNotification(wctx)
+	cancel()
+	if err == nil {
+		t.Fatalf("the other schema's channel received %q", n.Payload)
+	}
+	_, same := open(two, "ch-same")
+	if err := same.Publish(ctx, []events.Emission{{Room: events.Room("x"), Event: events.JobsInvalidate{}}}); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel = context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := conn.Conn().WaitForNotification(wctx); err != nil {
+		t.Fatalf("control: no notification from the listener's own schema: %v", err)
+	}
+}
+
+// A batch that names another deployment (or none) is dropped even when it
+// arrives on this bus's channel.
+func TestPGBusDropsBatchesOfOtherScopes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := dbtest.Open(t, models.Postgres)
+	b := events.NewPGBus(db.Pool, "scope-b", nil)
+	if err := b.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Stop)
+	got := newCollector()
+	b.Subscribe(got.add)
+	var schema string
+	if err := db.Pool.QueryRow(ctx, "SELECT current_schema()").Scan(&schema); err != nil {
+		t.Fatal(err)
+	}
+	send := func(scope string) {
+		payload := `{"n":"foreign","d":"` + scope + `","e":[{"r":"room:s","t":"jobs_invalidate","p":{}}]}`
+		if _, err := db.Pool.Exec(ctx, "SELECT pg_notify($1, $2)", b.Channel(), payload); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send("some_other_schema")
+	send("")
+	send(schema) // the control: this one is ours
+	got.wait(t, 1)
+	time.Sleep(200 * time.Millisecond)
+	got.mu.Lock()
+	defer got.mu.Unlock()
+	if len(got.got) != 1 {
+		t.Fatalf("delivered %d batches, want only the one of this schema", len(got.got))
+	}
+}
