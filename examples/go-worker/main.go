@@ -1,0 +1,67 @@
+// Command go-worker is a joblib worker written with the Go SDK: it serves the
+// job <room>:modifiers:echo, answering each task with its payload, until
+// interrupted, then deletes its worker.
+//
+//	go run ./examples/go-worker -url http://localhost:8000 -token jl_... -room demo
+//
+// JOBLIB_URL and JOBLIB_TOKEN are read when the flags are not given.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"log"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/zndraw/joblib/client"
+)
+
+func main() {
+	url := flag.String("url", envOr("JOBLIB_URL", "http://localhost:8000"), "joblib server URL")
+	token := flag.String("token", os.Getenv("JOBLIB_TOKEN"), "API token (jl_...)")
+	room := flag.String("room", "demo", "room of the job")
+	flag.Parse()
+	if err := run(*url, *token, *room); err != nil {
+		log.Fatal(err)
+	}
+}
+
+func run(url, token, room string) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	c, err := client.Dial(ctx, url, token)
+	if err != nil {
+		return err
+	}
+	job, err := c.RegisterJob(ctx, room, "modifiers", "echo", map[string]any{"type": "object"})
+	if err != nil {
+		return err
+	}
+	log.Printf("worker %s serving %s", c.WorkerID(), job.FullName)
+	runErr := c.Run(ctx, func(ctx context.Context, t client.Task) (any, error) {
+		var payload map[string]any
+		if err := json.Unmarshal(t.Payload, &payload); err != nil {
+			return nil, fmt.Errorf("decode payload: %w", err)
+		}
+		log.Printf("task %s", t.ID)
+		return map[string]any{"echo": payload}, nil
+	})
+	cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.Close(cctx); err != nil {
+		return err
+	}
+	return runErr
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
