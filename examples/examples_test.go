@@ -237,6 +237,55 @@ func TestPythonWorkerExample(t *testing.T) {
 	}
 }
 
+// The Go SDK example, built and run as a user would, stays alive through its
+// socket alone under a running sweeper, completes a task submitted by another
+// user, and deletes its worker on SIGTERM.
+func TestGoWorkerExample(t *testing.T) {
+	t.Parallel()
+	bin := filepath.Join(t.TempDir(), "go-worker")
+	if out, err := exec.Command("go", "build", "-o", bin, "./go-worker").CombinedOutput(); err != nil {
+		t.Fatalf("build go-worker: %v\n%s", err, out)
+	}
+	for _, d := range dbtest.Dialects {
+		t.Run(string(d), func(t *testing.T) {
+			t.Parallel()
+			e := startServer(t, d, true)
+			cmd, lines, stderr := process(t, bin, []string{"JOBLIB_URL=" + e.url, "JOBLIB_TOKEN=" + e.worker}, "-room", "gosdk")
+			wid := expectLine(t, lines, "ready ", stderr)
+			acting := time.Time{}
+			deadline := time.After(30 * time.Second)
+			for acting.IsZero() || time.Since(acting) < 2*liveTimeout {
+				select {
+				case o := <-e.sweeps:
+					if o == joblib.SweepActed {
+						t.Fatalf("the sweeper reaped a worker\n%s", stderr)
+					}
+					if o == joblib.SweepIdle && acting.IsZero() {
+						acting = time.Now()
+					}
+				case <-deadline:
+					t.Fatal("the sweeper did not run")
+				}
+			}
+			st, task := e.call(t, "POST", "/rooms/gosdk/tasks/gosdk:modifiers:echo", e.other, map[string]any{"payload": map[string]any{"a": 1}})
+			if st != 202 {
+				t.Fatalf("submit %d %v", st, task)
+			}
+			st, done := e.call(t, "GET", "/tasks/"+task["id"].(string), e.other, nil, "Prefer: wait=20")
+			if b, _ := json.Marshal(done["result"]); st != 200 || done["status"] != "completed" || done["worker_id"] != wid || string(b) != `{"echo":{"a":1}}` {
+				t.Fatalf("task %d %v %s\n%s", st, done, b, stderr)
+			}
+			if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+				t.Fatal(err)
+			}
+			expectLine(t, lines, "stopped", stderr)
+			if st, ws := e.call(t, "GET", "/workers", e.other, nil); st != 200 || ws["total"] != float64(0) {
+				t.Fatalf("workers after SIGTERM: %v", ws)
+			}
+		})
+	}
+}
+
 // The browser page's module, run under Node with the real socket.io-client,
 // receives the room's events as a user's page would.
 func TestBrowserRoomExample(t *testing.T) {

@@ -1,6 +1,7 @@
 // Command go-worker is a joblib worker written with the Go SDK: it serves the
 // job <room>:modifiers:echo, answering each task with its payload, until
-// interrupted, then deletes its worker.
+// interrupted, then deletes its worker. It prints "ready <worker id>" once
+// serving and "stopped" after deleting its worker.
 //
 //	go run ./examples/go-worker -url http://localhost:8000 -token jl_... -room demo
 //
@@ -42,7 +43,8 @@ func run(url, token, room string) error {
 	if err != nil {
 		return err
 	}
-	log.Printf("worker %s serving %s", c.WorkerID(), job.FullName)
+	fmt.Printf("ready %s\n", c.WorkerID()) // the worker id; it serves job.FullName
+	log.Printf("serving %s", job.FullName)
 	runErr := c.Run(ctx, func(ctx context.Context, t client.Task) (any, error) {
 		var payload map[string]any
 		if err := json.Unmarshal(t.Payload, &payload); err != nil {
@@ -56,6 +58,7 @@ func run(url, token, room string) error {
 	if err := c.Close(cctx); err != nil {
 		return err
 	}
+	fmt.Println("stopped")
 	return runErr
 }
 
