@@ -81,6 +81,8 @@ type Client struct {
 	sock     *socket  // Run's open connection, nil between connections
 	joins    int      // connections Run opened and joined
 
+	socketClaims int // claims answered over the socket
+
 	dropNotices bool // tests: ignore task_available, leaving only the polling fallback
 }
 

@@ -284,6 +284,13 @@ func TestRunPush(t *testing.T) {
 		if len(handled) != 3 {
 			t.Fatalf("handled %d tasks, want 3", len(handled))
 		}
+		// Each claim went over the socket (claim_tasks), not REST.
+		c.mu.Lock()
+		sc := c.socketClaims
+		c.mu.Unlock()
+		if sc < 3 {
+			t.Fatalf("%d claims over the socket, want at least 3", sc)
+		}
 		if err := c.Close(context.Background()); err != nil {
 			t.Fatal(err)
 		}

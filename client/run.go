@@ -55,7 +55,7 @@ func (c *Client) Run(ctx context.Context, handler Handler) error {
 		case <-tick.C:
 		}
 		for ctx.Err() == nil {
-			t, err := c.Claim(ctx)
+			t, err := c.claimNext(ctx, wid)
 			if err != nil {
 				if ctx.Err() != nil {
 					return nil
@@ -71,6 +71,39 @@ func (c *Client) Run(ctx context.Context, handler Handler) error {
 			c.process(ctx, handler, *t)
 		}
 	}
+}
+
+// claimNext claims one task over the open socket (claim_tasks, no HTTP
+// request), or over REST while there is no connection or the socket call
+// fails.
+func (c *Client) claimNext(ctx context.Context, wid string) (*Task, error) {
+	c.mu.Lock()
+	s := c.sock
+	c.mu.Unlock()
+	if s != nil {
+		var ack struct {
+			OK     bool   `json:"ok"`
+			Status int    `json:"status"`
+			Detail string `json:"detail"`
+			Tasks  []Task `json:"tasks"`
+		}
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := s.call(sctx, "claim_tasks", map[string]any{"worker_id": wid, "limit": 1}, &ack)
+		cancel()
+		if err == nil {
+			if !ack.OK {
+				return nil, fmt.Errorf("claim over the socket: %w", &ProblemError{Status: ack.Status, Detail: ack.Detail})
+			}
+			c.mu.Lock()
+			c.socketClaims++
+			c.mu.Unlock()
+			if len(ack.Tasks) == 0 {
+				return nil, nil
+			}
+			return &ack.Tasks[0], nil
+		}
+	}
+	return c.Claim(ctx)
 }
 
 // process runs one claimed task to its end. Errors updating it (a task
