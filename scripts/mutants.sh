@@ -119,6 +119,9 @@ for f in "${files[@]}"; do
   elif [ "$(occurrences "$m_find" "$target")" != 1 ]; then
     result='no longer applies'
   else
+    # Restore from the scratch tree's own copy, never from the work tree:
+    # the work tree may change while the (long) run goes on.
+    cp "$target" "$scratch/original"
     apply "$m_find" "$m_replace" "$target"
     read -r -a pkgs <<<"$m_pkg"
     log=$logs/$name.log
@@ -146,7 +149,7 @@ for f in "${files[@]}"; do
           fi ;;
       esac
     fi
-    cp "$root/$m_file" "$target"
+    cp "$scratch/original" "$target"
   fi
   case $result in caught*) ;; *) bad=1 ;; esac
   printf '%-34s %-17s %7d\n' "$name" "$result" $((SECONDS - start))

@@ -146,14 +146,18 @@ func eachParallel(t *testing.T, fn func(t *testing.T, db *models.DB)) {
 // A worker process that heartbeats every timeout/3 while it and the server
 // are starved by CPU-bound goroutines is never reaped.
 func TestHeartbeatingWorkerUnderCPULoadIsNotReaped(t *testing.T) {
-	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+	// The dialects' runs wait side by side (this test is not parallel with
+	// the rest of the package); each spins its share of the CPUs, so this
+	// process carries as many spinners as before while both runs load it.
+	spinners := max(1, runtime.NumCPU()/len(dbtest.Dialects))
+	eachParallel(t, func(t *testing.T, db *models.DB) {
 		e := setup(t, db, withSettings(liveSettings))
 		_, sweeps := startSweeper(t, e, joblib.SweeperConfig{})
 		p := startWorker(t, e.url, e.alice, "busy", "", liveTimeout/3, false, runtime.NumCPU())
 		workerID := p.expect(t, "registered", 10*time.Second)
 		stop := make(chan struct{})
 		var spin sync.WaitGroup
-		for range runtime.NumCPU() {
+		for range spinners {
 			spin.Go(func() {
 				for {
 					select {
@@ -327,7 +331,10 @@ func TestOutageGuardSparesWorkersThatResume(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	outage.Store(false)
 	before := beats.Load()
-	time.Sleep(3 * liveTimeout)
+	// The guard holds destructive sweeps for one worker timeout after the
+	// database is back; the workers stay watched by 100 ms sweeps for a
+	// further timeout past that.
+	time.Sleep(2 * liveTimeout)
 	close(stop)
 	resumed.Wait()
 	if beats.Load() <= before {
