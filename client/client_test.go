@@ -365,3 +365,34 @@ func TestRunReconnectKeepsClaim(t *testing.T) {
 		}
 	})
 }
+
+// Cancelling Run's context while a handler runs: the handler sees the
+// cancellation, Run still reports the task's outcome and returns nil.
+func TestRunCancelMidTask(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		ts := startServer(t, db, 5*time.Second)
+		c := dial(t, ts, WithPollInterval(time.Hour))
+		job, err := c.RegisterJob(context.Background(), "r1", "modifiers", "cancel", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		started := make(chan struct{})
+		stop := running(t, c, func(ctx context.Context, task Task) (any, error) {
+			close(started)
+			<-ctx.Done()
+			return nil, fmt.Errorf("stopped: %w", ctx.Err())
+		})
+		eventually(t, "the socket joined", func() bool { return c.joinCount() == 1 })
+		id := ts.submit(t, "r1", job.FullName, map[string]any{})
+		<-started
+		stop()
+		got := ts.waitDone(t, id)
+		if got.Status != "failed" || got.Error == nil || *got.Error != "stopped: context canceled" {
+			t.Fatalf("task after cancel: %+v", got)
+		}
+		if err := c.Close(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
