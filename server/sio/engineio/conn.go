@@ -350,6 +350,10 @@ func (c *Conn) closeWith(code websocket.StatusCode, reason string) {
 	c.q.hints = 0
 	start := c.q.claimWriterLocked()
 	c.q.mu.Unlock()
+	// Unregister before waking a pending GET: once a polling client has the
+	// close packet, its next request must find the session gone (400), not
+	// still registered for a moment.
+	c.srv.remove(c)
 	if start {
 		c.startWriter()
 	}
@@ -357,7 +361,6 @@ func (c *Conn) closeWith(code websocket.StatusCode, reason string) {
 	if probe != nil {
 		_ = probe.CloseNow()
 	}
-	c.srv.remove(c)
 	c.srv.h.OnClose(c, reason)
 	switch reason {
 	case ReasonServerShutdown, ReasonTransportClose:
