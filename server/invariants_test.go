@@ -146,23 +146,7 @@ func TestSocketOldEpochGraceKeepsRejoinedWorker(t *testing.T) {
 func TestTwoNodesRebindWithinGraceKeepsWorker(t *testing.T) {
 	t.Parallel()
 	url := dbtest.URL(t, models.Postgres)
-	ctx := context.Background()
-	node := func(name string) (*models.DB, events.Bus) {
-		db, err := models.Open(ctx, url, models.OpenOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { db.Close() })
-		if _, err := db.Migrate(ctx); err != nil {
-			t.Fatal(err)
-		}
-		bus := events.NewPGBus(db.Pool, name, nil)
-		if err := bus.Start(ctx); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(bus.Stop)
-		return db, bus
-	}
+	node := func(name string) (*models.DB, *events.PGBus) { return pgNode(t, url, name) }
 	dbA, busA := node("a")
 	dbB, busB := node("b")
 	// A's grace is long enough for the worker to reach B first, however

@@ -20,23 +20,7 @@ import (
 func twoNodes(t *testing.T, opts ...func(*setupOpts)) (a, b *env) {
 	t.Helper()
 	url := dbtest.URL(t, models.Postgres)
-	ctx := context.Background()
-	node := func(name string) (*models.DB, events.Bus) {
-		db, err := models.Open(ctx, url, models.OpenOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { db.Close() })
-		if _, err := db.Migrate(ctx); err != nil {
-			t.Fatal(err)
-		}
-		bus := events.NewPGBus(db.Pool, name, nil)
-		if err := bus.Start(ctx); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(bus.Stop)
-		return db, bus
-	}
+	node := func(name string) (*models.DB, *events.PGBus) { return pgNode(t, url, name) }
 	dbA, busA := node("a")
 	dbB, busB := node("b")
 	a = setup(t, dbA, append([]func(*setupOpts){withBus(busA), withRealtime(realtimeCfg())}, opts...)...)
@@ -138,22 +122,7 @@ func TestBusGapInvalidatesAndWakes(t *testing.T) {
 	t.Parallel()
 	url := dbtest.URL(t, models.Postgres)
 	ctx := context.Background()
-	node := func(name string) (*models.DB, *events.PGBus) {
-		db, err := models.Open(ctx, url, models.OpenOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { db.Close() })
-		if _, err := db.Migrate(ctx); err != nil {
-			t.Fatal(err)
-		}
-		bus := events.NewPGBus(db.Pool, name, nil)
-		if err := bus.Start(ctx); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(bus.Stop)
-		return db, bus
-	}
+	node := func(name string) (*models.DB, *events.PGBus) { return pgNode(t, url, name) }
 	dbA, busA := node("gap-a")
 	dbB, busB := node("gap-b")
 	a := setup(t, dbA, withBus(busA), withRealtime(realtimeCfg()))
@@ -195,4 +164,25 @@ func TestBusGapInvalidatesAndWakes(t *testing.T) {
 	if got := testCounter(t, m.BusGaps.WithLabelValues(events.GapReconnect)); got < 1 {
 		t.Fatalf("joblib_bus_gaps_total{reason=reconnect} = %v", got)
 	}
+}
+
+// pgNode opens one API node's database pool on the schema at url (migrated)
+// and starts its NOTIFY bus; both are closed when the test ends.
+func pgNode(t *testing.T, url, name string) (*models.DB, *events.PGBus) {
+	t.Helper()
+	ctx := context.Background()
+	db, err := models.Open(ctx, url, models.OpenOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	if _, err := db.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	bus := events.NewPGBus(db.Pool, name, nil)
+	if err := bus.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(bus.Stop)
+	return db, bus
 }
