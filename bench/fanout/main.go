@@ -40,6 +40,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
+	"runtime/trace"
 	"slices"
 	"strconv"
 	"strings"
@@ -67,6 +68,8 @@ type options struct {
 	timeout  time.Duration
 	dialers  int
 	cpuprof  string
+	traceout string
+	verbose  bool
 	memprof  string
 	servers  string
 	rounds   int
@@ -85,6 +88,8 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.DurationVar(&o.timeout, "timeout", 3*time.Minute, "hard limit for the whole run")
 	fs.IntVar(&o.dialers, "dialers", 64, "parallel dials")
 	fs.StringVar(&o.cpuprof, "cpuprofile", "", "write a CPU profile of the server during the broadcast phase")
+	fs.StringVar(&o.traceout, "trace", "", "write a runtime/trace of the joblib server during the broadcast phase")
+	fs.BoolVar(&o.verbose, "v", false, "print the Go scheduler and GC figures of the server and the clients for every trial")
 	fs.StringVar(&o.servers, "servers", "joblib,node", "servers to measure, in order: joblib, node")
 	fs.IntVar(&o.rounds, "rounds", 1, "rounds (the servers alternate within each)")
 	fs.BoolVar(&o.upgrade, "upgrade", false, "clients open with HTTP long-polling and upgrade to websocket (as browsers do)")
@@ -160,6 +165,7 @@ type clientReport struct {
 	P99us      float64 `json:"p99_us"`
 	MaxUS      float64 `json:"max_us"`
 	ConnectSec float64 `json:"connect_s"`
+	RT         rtDelta `json:"rt"` // the clients' Go runtime while they read
 	Error      string  `json:"error,omitempty"`
 }
 
@@ -171,6 +177,7 @@ type trial struct {
 	goroutines    float64 // per connection (joblib only)
 	cpuPerDeliver float64 // µs
 	slowestEmit   time.Duration
+	rt            rtDelta // the server's Go runtime during the broadcasts (joblib only)
 }
 
 func runAll(ctx context.Context, o options, stdout io.Writer) error {
@@ -196,6 +203,12 @@ func runAll(ctx context.Context, o options, stdout io.Writer) error {
 				round+1, name, tr.rep.P50us/1e3, tr.rep.P99us/1e3, tr.rep.MaxUS/1e3, tr.kibPerConn, tr.cpuPerDeliver, tr.rep.ConnectSec, errSuffix(tr.rep.Error))
 			if tr.rep.Received != tr.rep.Expected {
 				return fmt.Errorf("%s lost deliveries: %d of %d", name, tr.rep.Received, tr.rep.Expected)
+			}
+			if o.verbose {
+				if name == "joblib" {
+					fmt.Fprintf(stdout, "        server: %v; slowest EmitTo %v\n", tr.rt, tr.slowestEmit.Round(time.Microsecond))
+				}
+				fmt.Fprintf(stdout, "        clients: %v\n", tr.rep.RT)
 			}
 		}
 	}
@@ -352,7 +365,19 @@ func runJoblib(ctx context.Context, o options) (trial, error) {
 		}
 		defer pprof.StopCPUProfile()
 	}
+	if o.traceout != "" {
+		f, err := os.Create(o.traceout)
+		if err != nil {
+			return tr, fmt.Errorf("create trace: %w", err)
+		}
+		defer f.Close()
+		if err := trace.Start(f); err != nil {
+			return tr, fmt.Errorf("start trace: %w", err)
+		}
+		defer trace.Stop()
+	}
 	pad := strings.Repeat("x", o.payload)
+	rt0 := readRT()
 	cpu0 := cpuSelf()
 	for i := range o.events {
 		start := time.Now()
@@ -366,6 +391,7 @@ func runJoblib(ctx context.Context, o options) (trial, error) {
 		return tr, err
 	}
 	cpu := cpuSelf() - cpu0
+	tr.rt = rt0.delta(readRT())
 	tr.kibPerConn = float64(rssAfter-rssBefore) / float64(o.conns) / 1024
 	tr.cpuPerDeliver = float64(cpu.Microseconds()) / float64(max(1, tr.rep.Received))
 	return tr, nil
@@ -527,11 +553,13 @@ func runClients(ctx context.Context, o options, stdout io.Writer) error {
 	var received, outOfOrder atomic.Int64
 	readCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	rt0 := readRT()
 	var rg sync.WaitGroup
 	for _, cl := range clients {
 		rg.Go(func() { cl.read(readCtx, o.events, &received) })
 	}
 	rg.Wait()
+	rtRead := rt0.delta(readRT())
 
 	var all []int64
 	for _, cl := range clients {
@@ -549,6 +577,7 @@ func runClients(ctx context.Context, o options, stdout io.Writer) error {
 	rep := clientReport{
 		Conns: o.conns, Joined: int(joined.Load()), Expected: int64(o.conns) * int64(o.events), Received: received.Load(),
 		OutOfOrder: outOfOrder.Load(), P50us: pct(0.50), P99us: pct(0.99), ConnectSec: connectSec,
+		RT: rtRead,
 	}
 	if len(all) > 0 {
 		rep.MaxUS = float64(all[len(all)-1]) / 1e3
