@@ -262,6 +262,7 @@ func readErrorReason(err error) string {
 
 func (c *Conn) startWriter() {
 	c.srv.tr.add()
+	c.srv.writers.Add(1)
 	go c.runWriter()
 }
 
