@@ -32,6 +32,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -165,7 +166,8 @@ type clientReport struct {
 	P99us      float64 `json:"p99_us"`
 	MaxUS      float64 `json:"max_us"`
 	ConnectSec float64 `json:"connect_s"`
-	RT         rtDelta `json:"rt"` // the clients' Go runtime while they read
+	RT         rtDelta `json:"rt"`     // the clients' Go runtime while they read
+	CPUus      float64 `json:"cpu_us"` // the clients' CPU per delivery
 	Error      string  `json:"error,omitempty"`
 }
 
@@ -199,8 +201,8 @@ func runAll(ctx context.Context, o options, stdout io.Writer) error {
 				return fmt.Errorf("round %d, %s: %w", round+1, name, err)
 			}
 			trials = append(trials, tr)
-			fmt.Fprintf(stdout, "round %d %-6s  p50 %7.1f ms  p99 %7.1f ms  max %7.1f ms  %5.1f KiB/conn  %5.2f µs CPU/delivery  connect %.1fs%s\n",
-				round+1, name, tr.rep.P50us/1e3, tr.rep.P99us/1e3, tr.rep.MaxUS/1e3, tr.kibPerConn, tr.cpuPerDeliver, tr.rep.ConnectSec, errSuffix(tr.rep.Error))
+			fmt.Fprintf(stdout, "round %d %-6s  p50 %7.1f ms  p99 %7.1f ms  max %7.1f ms  %5.1f KiB/conn  %5.2f µs CPU/delivery (clients %5.2f)  connect %.1fs  load %s%s\n",
+				round+1, name, tr.rep.P50us/1e3, tr.rep.P99us/1e3, tr.rep.MaxUS/1e3, tr.kibPerConn, tr.cpuPerDeliver, tr.rep.CPUus, tr.rep.ConnectSec, loadAvg(), errSuffix(tr.rep.Error))
 			if tr.rep.Received != tr.rep.Expected {
 				return fmt.Errorf("%s lost deliveries: %d of %d", name, tr.rep.Received, tr.rep.Expected)
 			}
@@ -218,10 +220,11 @@ func runAll(ctx context.Context, o options, stdout io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "\nfanout: %d idle %s connections in one room (clients in a child process, loopback), %d events of %d B padding, %v apart, %d round(s); load average at the end: %s\n\n",
 		o.conns, kind, o.events, o.payload, o.interval, o.rounds, loadAvg())
-	fmt.Fprintln(stdout, "| server | p50 / p99 / max delivery | RSS per connection | CPU per delivery |")
-	fmt.Fprintln(stdout, "| --- | --- | --- | --- |")
+	fmt.Fprintln(stdout, "| server | p50 / p99 / max delivery (mean of rounds) | p99 range over rounds | RSS per connection | CPU per delivery (clients) |")
+	fmt.Fprintln(stdout, "| --- | --- | --- | --- | --- |")
 	for _, name := range servers {
-		var p50, p99, mx, kib, cpu float64
+		var p50, p99, mx, kib, cpu, ccpu float64
+		lo, hi := math.Inf(1), 0.0
 		n := 0.0
 		for _, tr := range trials {
 			if tr.server != name {
@@ -229,12 +232,25 @@ func runAll(ctx context.Context, o options, stdout io.Writer) error {
 			}
 			p50 += tr.rep.P50us / 1e3
 			p99 += tr.rep.P99us / 1e3
+			lo, hi = min(lo, tr.rep.P99us/1e3), max(hi, tr.rep.P99us/1e3)
 			mx = max(mx, tr.rep.MaxUS/1e3)
 			kib += tr.kibPerConn
 			cpu += tr.cpuPerDeliver
+			ccpu += tr.rep.CPUus
 			n++
 		}
-		fmt.Fprintf(stdout, "| %s | %.1f / %.1f / %.1f ms | %.1f KiB | %.1f µs |\n", name, p50/n, p99/n, mx, kib/n, cpu/n)
+		fmt.Fprintf(stdout, "| %s | %.1f / %.1f / %.1f ms | %.1f–%.1f ms | %.1f KiB | %.1f µs (%.1f µs) |\n", name, p50/n, p99/n, mx, lo, hi, kib/n, cpu/n, ccpu/n)
+	}
+	// Per-round ratios: each joblib round against the Node round next to it.
+	var ratios []string
+	for i := 0; i+1 < len(trials); i += 2 {
+		a, b := trials[i], trials[i+1]
+		if a.server == "joblib" && b.server == "node" && b.rep.P99us > 0 {
+			ratios = append(ratios, fmt.Sprintf("%.2f", a.rep.P99us/b.rep.P99us))
+		}
+	}
+	if len(ratios) > 0 {
+		fmt.Fprintf(stdout, "\np99 joblib / Node per round: %s\n", strings.Join(ratios, " "))
 	}
 	return nil
 }
@@ -554,12 +570,14 @@ func runClients(ctx context.Context, o options, stdout io.Writer) error {
 	readCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	rt0 := readRT()
+	ccpu0 := cpuSelf()
 	var rg sync.WaitGroup
 	for _, cl := range clients {
 		rg.Go(func() { cl.read(readCtx, o.events, &received) })
 	}
 	rg.Wait()
 	rtRead := rt0.delta(readRT())
+	clientCPU := cpuSelf() - ccpu0
 
 	var all []int64
 	for _, cl := range clients {
@@ -577,7 +595,7 @@ func runClients(ctx context.Context, o options, stdout io.Writer) error {
 	rep := clientReport{
 		Conns: o.conns, Joined: int(joined.Load()), Expected: int64(o.conns) * int64(o.events), Received: received.Load(),
 		OutOfOrder: outOfOrder.Load(), P50us: pct(0.50), P99us: pct(0.99), ConnectSec: connectSec,
-		RT: rtRead,
+		RT: rtRead, CPUus: float64(clientCPU.Microseconds()) / float64(max(1, received.Load())),
 	}
 	if len(all) > 0 {
 		rep.MaxUS = float64(all[len(all)-1]) / 1e3
