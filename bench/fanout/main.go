@@ -127,6 +127,14 @@ func (joinHandler) OnEvent(_ context.Context, s *sio.Socket, ev sio.Event, ack s
 
 func (joinHandler) OnDisconnect(*sio.Socket, string) {}
 
+// goMem is the Go heap and goroutine stacks in use (measured right after a
+// GC by settledRSS): memory per connection without RSS's page granularity.
+func goMem() int64 {
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return int64(ms.HeapAlloc + ms.StackInuse)
+}
+
 func vmRSS() (int64, error) { return readRSS("/proc/self/status") }
 
 func rssOf(pid int) (int64, error) { return readRSS(fmt.Sprintf("/proc/%d/status", pid)) }
@@ -180,6 +188,7 @@ type trial struct {
 	cpuPerDeliver float64 // µs
 	slowestEmit   time.Duration
 	rt            rtDelta // the server's Go runtime during the broadcasts (joblib only)
+	goKiBPerConn  float64 // Go heap + goroutine stacks per connection (joblib only)
 }
 
 func runAll(ctx context.Context, o options, stdout io.Writer) error {
@@ -208,7 +217,8 @@ func runAll(ctx context.Context, o options, stdout io.Writer) error {
 			}
 			if o.verbose {
 				if name == "joblib" {
-					fmt.Fprintf(stdout, "        server: %v; slowest EmitTo %v\n", tr.rt, tr.slowestEmit.Round(time.Microsecond))
+					fmt.Fprintf(stdout, "        server: %v; slowest EmitTo %v; %.2f goroutines and %.1f KiB of Go heap+stacks per connection\n",
+						tr.rt, tr.slowestEmit.Round(time.Microsecond), tr.goroutines, tr.goKiBPerConn)
 				}
 				fmt.Fprintf(stdout, "        clients: %v\n", tr.rep.RT)
 			}
@@ -342,6 +352,7 @@ func runJoblib(ctx context.Context, o options) (trial, error) {
 	if err != nil {
 		return tr, err
 	}
+	goBefore := goMem()
 	goroutinesBefore := runtime.NumGoroutine()
 	child, lines, err := startClients(ctx, o, "http://"+ln.Addr().String())
 	if err != nil {
@@ -359,6 +370,7 @@ func runJoblib(ctx context.Context, o options) (trial, error) {
 	if err != nil {
 		return tr, err
 	}
+	tr.goKiBPerConn = float64(goMem()-goBefore) / float64(o.conns) / 1024
 	tr.goroutines = float64(runtime.NumGoroutine()-goroutinesBefore) / float64(o.conns)
 	if o.memprof != "" {
 		f, err := os.Create(o.memprof)
