@@ -252,9 +252,34 @@ func (c *Conn) Queue(m *Message) error {
 // Flush wakes the writer for messages added by Queue.
 func (c *Conn) Flush() {
 	c.q.mu.Lock()
-	start := (len(c.q.items) > 0 || c.q.ping.Load()) && c.q.claimWriterLocked()
+	err := c.q.pingDirectLocked()
+	start := err == nil && (len(c.q.items) > 0 || c.q.ping.Load()) && c.q.claimWriterLocked()
 	c.q.mu.Unlock()
-	c.afterPush(start, true, nil)
+	c.afterPush(start, true, err)
+}
+
+// pingDirectLocked writes a due ping at once, as push does a message, when
+// the websocket has nothing queued and no writer: a heartbeat of an idle
+// session then starts no goroutine. Whatever the socket does not take is
+// left to a writer.
+func (q *sendQueue) pingDirectLocked() error {
+	if q.wc == nil || q.closed || q.writing || len(q.items) > 0 || !q.ping.Load() {
+		return nil
+	}
+	f := msgPing.wsFrames()
+	n, err := q.wc.tryWrite(f)
+	switch {
+	case err == nil && n == len(f):
+		q.ping.Store(false)
+	case err == nil || errors.Is(err, errWouldBlock):
+		if n > 0 {
+			q.ping.Store(false)
+			q.items = append(q.items, &Message{raw: f[n:]})
+		}
+	default:
+		return errWriteFailed
+	}
+	return nil
 }
 
 // SendAll queues ms atomically: all of them or none. Unlike Send it does not

@@ -160,3 +160,33 @@ func TestDirectWriteKeepsOrderWhenTheSocketIsFull(t *testing.T) {
 		t.Fatal("session closed")
 	}
 }
+
+// TestHeartbeatWritesDirectly: the pings of an idle websocket session are
+// written without starting a writer goroutine, and the session stays open
+// while the client answers them.
+func TestHeartbeatWritesDirectly(t *testing.T) {
+	t.Parallel()
+	h := newConnHandler()
+	srv, hs := start(t, Config{PingInterval: 20 * time.Millisecond, PingTimeout: 5 * time.Second}, h)
+	c, ws := openWS(t, h, hs)
+	deadline := time.Now().Add(ioTimeout)
+	for srv.writers.Load() == 0 || srv.Goroutines() != 1 { // the open packet's writer has come and gone
+		if time.Now().After(deadline) {
+			t.Fatalf("%d goroutines on an idle session", srv.Goroutines())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	before := srv.writers.Load()
+	for range 5 {
+		if _, got := read(t, ws); got != "2" {
+			t.Fatalf("got %q, want a ping", got)
+		}
+		write(t, ws, websocket.MessageText, "3")
+	}
+	if n := srv.writers.Load() - before; n != 0 {
+		t.Fatalf("%d writer goroutines started for 5 pings", n)
+	}
+	if c.Closed() {
+		t.Fatal("session closed")
+	}
+}
