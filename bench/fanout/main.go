@@ -32,6 +32,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -40,6 +41,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
+	"runtime/trace"
 	"slices"
 	"strconv"
 	"strings"
@@ -67,6 +69,8 @@ type options struct {
 	timeout  time.Duration
 	dialers  int
 	cpuprof  string
+	traceout string
+	verbose  bool
 	memprof  string
 	servers  string
 	rounds   int
@@ -85,6 +89,8 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.DurationVar(&o.timeout, "timeout", 3*time.Minute, "hard limit for the whole run")
 	fs.IntVar(&o.dialers, "dialers", 64, "parallel dials")
 	fs.StringVar(&o.cpuprof, "cpuprofile", "", "write a CPU profile of the server during the broadcast phase")
+	fs.StringVar(&o.traceout, "trace", "", "write a runtime/trace of the joblib server during the broadcast phase")
+	fs.BoolVar(&o.verbose, "v", false, "print the Go scheduler and GC figures of the server and the clients for every trial")
 	fs.StringVar(&o.servers, "servers", "joblib,node", "servers to measure, in order: joblib, node")
 	fs.IntVar(&o.rounds, "rounds", 1, "rounds (the servers alternate within each)")
 	fs.BoolVar(&o.upgrade, "upgrade", false, "clients open with HTTP long-polling and upgrade to websocket (as browsers do)")
@@ -120,6 +126,14 @@ func (joinHandler) OnEvent(_ context.Context, s *sio.Socket, ev sio.Event, ack s
 }
 
 func (joinHandler) OnDisconnect(*sio.Socket, string) {}
+
+// goMem is the Go heap and goroutine stacks in use (measured right after a
+// GC by settledRSS): memory per connection without RSS's page granularity.
+func goMem() int64 {
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return int64(ms.HeapAlloc + ms.StackInuse)
+}
 
 func vmRSS() (int64, error) { return readRSS("/proc/self/status") }
 
@@ -160,6 +174,8 @@ type clientReport struct {
 	P99us      float64 `json:"p99_us"`
 	MaxUS      float64 `json:"max_us"`
 	ConnectSec float64 `json:"connect_s"`
+	RT         rtDelta `json:"rt"`     // the clients' Go runtime while they read
+	CPUus      float64 `json:"cpu_us"` // the clients' CPU per delivery
 	Error      string  `json:"error,omitempty"`
 }
 
@@ -171,6 +187,8 @@ type trial struct {
 	goroutines    float64 // per connection (joblib only)
 	cpuPerDeliver float64 // µs
 	slowestEmit   time.Duration
+	rt            rtDelta // the server's Go runtime during the broadcasts (joblib only)
+	goKiBPerConn  float64 // Go heap + goroutine stacks per connection (joblib only)
 }
 
 func runAll(ctx context.Context, o options, stdout io.Writer) error {
@@ -192,10 +210,17 @@ func runAll(ctx context.Context, o options, stdout io.Writer) error {
 				return fmt.Errorf("round %d, %s: %w", round+1, name, err)
 			}
 			trials = append(trials, tr)
-			fmt.Fprintf(stdout, "round %d %-6s  p50 %7.1f ms  p99 %7.1f ms  max %7.1f ms  %5.1f KiB/conn  %5.2f µs CPU/delivery  connect %.1fs%s\n",
-				round+1, name, tr.rep.P50us/1e3, tr.rep.P99us/1e3, tr.rep.MaxUS/1e3, tr.kibPerConn, tr.cpuPerDeliver, tr.rep.ConnectSec, errSuffix(tr.rep.Error))
+			fmt.Fprintf(stdout, "round %d %-6s  p50 %7.1f ms  p99 %7.1f ms  max %7.1f ms  %5.1f KiB/conn  %5.2f µs CPU/delivery (clients %5.2f)  connect %.1fs  load %s%s\n",
+				round+1, name, tr.rep.P50us/1e3, tr.rep.P99us/1e3, tr.rep.MaxUS/1e3, tr.kibPerConn, tr.cpuPerDeliver, tr.rep.CPUus, tr.rep.ConnectSec, loadAvg(), errSuffix(tr.rep.Error))
 			if tr.rep.Received != tr.rep.Expected {
 				return fmt.Errorf("%s lost deliveries: %d of %d", name, tr.rep.Received, tr.rep.Expected)
+			}
+			if o.verbose {
+				if name == "joblib" {
+					fmt.Fprintf(stdout, "        server: %v; slowest EmitTo %v; %.2f goroutines and %.1f KiB of Go heap+stacks per connection\n",
+						tr.rt, tr.slowestEmit.Round(time.Microsecond), tr.goroutines, tr.goKiBPerConn)
+				}
+				fmt.Fprintf(stdout, "        clients: %v\n", tr.rep.RT)
 			}
 		}
 	}
@@ -205,10 +230,11 @@ func runAll(ctx context.Context, o options, stdout io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "\nfanout: %d idle %s connections in one room (clients in a child process, loopback), %d events of %d B padding, %v apart, %d round(s); load average at the end: %s\n\n",
 		o.conns, kind, o.events, o.payload, o.interval, o.rounds, loadAvg())
-	fmt.Fprintln(stdout, "| server | p50 / p99 / max delivery | RSS per connection | CPU per delivery |")
-	fmt.Fprintln(stdout, "| --- | --- | --- | --- |")
+	fmt.Fprintln(stdout, "| server | p50 / p99 / max delivery (mean of rounds) | p99 range over rounds | RSS per connection | CPU per delivery (clients) |")
+	fmt.Fprintln(stdout, "| --- | --- | --- | --- | --- |")
 	for _, name := range servers {
-		var p50, p99, mx, kib, cpu float64
+		var p50, p99, mx, kib, cpu, ccpu float64
+		lo, hi := math.Inf(1), 0.0
 		n := 0.0
 		for _, tr := range trials {
 			if tr.server != name {
@@ -216,12 +242,25 @@ func runAll(ctx context.Context, o options, stdout io.Writer) error {
 			}
 			p50 += tr.rep.P50us / 1e3
 			p99 += tr.rep.P99us / 1e3
+			lo, hi = min(lo, tr.rep.P99us/1e3), max(hi, tr.rep.P99us/1e3)
 			mx = max(mx, tr.rep.MaxUS/1e3)
 			kib += tr.kibPerConn
 			cpu += tr.cpuPerDeliver
+			ccpu += tr.rep.CPUus
 			n++
 		}
-		fmt.Fprintf(stdout, "| %s | %.1f / %.1f / %.1f ms | %.1f KiB | %.1f µs |\n", name, p50/n, p99/n, mx, kib/n, cpu/n)
+		fmt.Fprintf(stdout, "| %s | %.1f / %.1f / %.1f ms | %.1f–%.1f ms | %.1f KiB | %.1f µs (%.1f µs) |\n", name, p50/n, p99/n, mx, lo, hi, kib/n, cpu/n, ccpu/n)
+	}
+	// Per-round ratios: each joblib round against the Node round next to it.
+	var ratios []string
+	for i := 0; i+1 < len(trials); i += 2 {
+		a, b := trials[i], trials[i+1]
+		if a.server == "joblib" && b.server == "node" && b.rep.P99us > 0 {
+			ratios = append(ratios, fmt.Sprintf("%.2f", a.rep.P99us/b.rep.P99us))
+		}
+	}
+	if len(ratios) > 0 {
+		fmt.Fprintf(stdout, "\np99 joblib / Node per round: %s\n", strings.Join(ratios, " "))
 	}
 	return nil
 }
@@ -313,6 +352,7 @@ func runJoblib(ctx context.Context, o options) (trial, error) {
 	if err != nil {
 		return tr, err
 	}
+	goBefore := goMem()
 	goroutinesBefore := runtime.NumGoroutine()
 	child, lines, err := startClients(ctx, o, "http://"+ln.Addr().String())
 	if err != nil {
@@ -330,6 +370,7 @@ func runJoblib(ctx context.Context, o options) (trial, error) {
 	if err != nil {
 		return tr, err
 	}
+	tr.goKiBPerConn = float64(goMem()-goBefore) / float64(o.conns) / 1024
 	tr.goroutines = float64(runtime.NumGoroutine()-goroutinesBefore) / float64(o.conns)
 	if o.memprof != "" {
 		f, err := os.Create(o.memprof)
@@ -352,7 +393,19 @@ func runJoblib(ctx context.Context, o options) (trial, error) {
 		}
 		defer pprof.StopCPUProfile()
 	}
+	if o.traceout != "" {
+		f, err := os.Create(o.traceout)
+		if err != nil {
+			return tr, fmt.Errorf("create trace: %w", err)
+		}
+		defer f.Close()
+		if err := trace.Start(f); err != nil {
+			return tr, fmt.Errorf("start trace: %w", err)
+		}
+		defer trace.Stop()
+	}
 	pad := strings.Repeat("x", o.payload)
+	rt0 := readRT()
 	cpu0 := cpuSelf()
 	for i := range o.events {
 		start := time.Now()
@@ -366,6 +419,7 @@ func runJoblib(ctx context.Context, o options) (trial, error) {
 		return tr, err
 	}
 	cpu := cpuSelf() - cpu0
+	tr.rt = rt0.delta(readRT())
 	tr.kibPerConn = float64(rssAfter-rssBefore) / float64(o.conns) / 1024
 	tr.cpuPerDeliver = float64(cpu.Microseconds()) / float64(max(1, tr.rep.Received))
 	return tr, nil
@@ -527,11 +581,15 @@ func runClients(ctx context.Context, o options, stdout io.Writer) error {
 	var received, outOfOrder atomic.Int64
 	readCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	rt0 := readRT()
+	ccpu0 := cpuSelf()
 	var rg sync.WaitGroup
 	for _, cl := range clients {
 		rg.Go(func() { cl.read(readCtx, o.events, &received) })
 	}
 	rg.Wait()
+	rtRead := rt0.delta(readRT())
+	clientCPU := cpuSelf() - ccpu0
 
 	var all []int64
 	for _, cl := range clients {
@@ -549,6 +607,7 @@ func runClients(ctx context.Context, o options, stdout io.Writer) error {
 	rep := clientReport{
 		Conns: o.conns, Joined: int(joined.Load()), Expected: int64(o.conns) * int64(o.events), Received: received.Load(),
 		OutOfOrder: outOfOrder.Load(), P50us: pct(0.50), P99us: pct(0.99), ConnectSec: connectSec,
+		RT: rtRead, CPUus: float64(clientCPU.Microseconds()) / float64(max(1, received.Load())),
 	}
 	if len(all) > 0 {
 		rep.MaxUS = float64(all[len(all)-1]) / 1e3

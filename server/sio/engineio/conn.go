@@ -31,6 +31,9 @@ const closeGrace = time.Second
 type Message struct {
 	text []byte   // "4<data>" (or a session packet such as "2"); nil for binary-only
 	bins [][]byte // binary messages that follow text
+
+	frames atomic.Pointer[[]byte] // the websocket frames, built on first use (see wsFrames)
+	raw    []byte                 // websocket bytes still to write after a partial direct write
 }
 
 // NewMessage builds a text message carrying data, followed by the binary
@@ -79,6 +82,7 @@ type sendQueue struct {
 	max     int
 	closed  bool
 	ws      *websocket.Conn // set once the session writes to a websocket
+	wc      *wsConn         // ws's connection, where data frames are written
 	writing bool            // a writer goroutine owns ws
 	// ping is a pending ping: it jumps the queue so that a heartbeat never
 	// waits behind queued data.
@@ -86,6 +90,13 @@ type sendQueue struct {
 }
 
 // push appends m; start reports that the caller must start a writer.
+//
+// On a websocket with nothing queued, no writer running and no ping due, m
+// is written at once from the caller's goroutine, as far as the socket
+// buffer takes it without blocking; only what is left is queued (a partial
+// frame first, so the stream stays whole and in order) and a writer started
+// for it. A write error is returned as errWriteFailed: the caller closes the
+// session.
 func (q *sendQueue) push(m *Message, wake bool) (start bool, err error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -95,9 +106,30 @@ func (q *sendQueue) push(m *Message, wake bool) (start bool, err error) {
 	if len(q.items) >= q.max {
 		return false, ErrSlowConsumer
 	}
+	if q.wc != nil && len(q.items) == 0 && !q.writing && !q.ping.Load() {
+		f := m.wsFrames()
+		n, err := q.wc.tryWrite(f)
+		switch {
+		case err == nil && n == len(f):
+			return false, nil
+		case err == nil || errors.Is(err, errWouldBlock):
+			if n > 0 {
+				m = &Message{raw: f[n:]}
+			}
+			q.items = append(q.items, m)
+			// A partial frame must be finished by a writer now, whatever
+			// the caller asked: nothing else may be written before it.
+			return (wake || n > 0) && q.claimWriterLocked(), nil
+		default:
+			return false, errWriteFailed
+		}
+	}
 	q.items = append(q.items, m)
 	return wake && q.claimWriterLocked(), nil
 }
+
+// errWriteFailed: a direct write failed; the connection is broken.
+var errWriteFailed = errors.New("engineio: write failed")
 
 func (q *sendQueue) claimWriterLocked() bool {
 	if q.ws == nil || q.writing {
@@ -213,16 +245,41 @@ func (c *Conn) Send(m *Message) error {
 // member first and calls Flush on each afterwards, so that it does not
 // compete for locks with writers it has just woken.
 func (c *Conn) Queue(m *Message) error {
-	_, err := c.q.push(m, false)
-	return c.afterPush(false, false, err)
+	start, err := c.q.push(m, false)
+	return c.afterPush(start, false, err)
 }
 
 // Flush wakes the writer for messages added by Queue.
 func (c *Conn) Flush() {
 	c.q.mu.Lock()
-	start := (len(c.q.items) > 0 || c.q.ping.Load()) && c.q.claimWriterLocked()
+	err := c.q.pingDirectLocked()
+	start := err == nil && (len(c.q.items) > 0 || c.q.ping.Load()) && c.q.claimWriterLocked()
 	c.q.mu.Unlock()
-	c.afterPush(start, true, nil)
+	c.afterPush(start, true, err)
+}
+
+// pingDirectLocked writes a due ping at once, as push does a message, when
+// the websocket has nothing queued and no writer: a heartbeat of an idle
+// session then starts no goroutine. Whatever the socket does not take is
+// left to a writer.
+func (q *sendQueue) pingDirectLocked() error {
+	if q.wc == nil || q.closed || q.writing || len(q.items) > 0 || !q.ping.Load() {
+		return nil
+	}
+	f := msgPing.wsFrames()
+	n, err := q.wc.tryWrite(f)
+	switch {
+	case err == nil && n == len(f):
+		q.ping.Store(false)
+	case err == nil || errors.Is(err, errWouldBlock):
+		if n > 0 {
+			q.ping.Store(false)
+			q.items = append(q.items, &Message{raw: f[n:]})
+		}
+	default:
+		return errWriteFailed
+	}
+	return nil
 }
 
 // SendAll queues ms atomically: all of them or none. Unlike Send it does not
@@ -278,6 +335,11 @@ func (c *Conn) SendHint(m *Message) bool {
 }
 
 func (c *Conn) afterPush(start, wake bool, err error) error {
+	if errors.Is(err, errWriteFailed) {
+		c.close(ReasonTransportError)
+		c.abort()
+		return ErrClosed
+	}
 	if errors.Is(err, ErrSlowConsumer) {
 		c.Close(ReasonSlowConsumer)
 		return err

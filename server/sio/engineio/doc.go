@@ -36,7 +36,11 @@
 // handed to OnMessage on a short-lived goroutine so that decoding them never
 // grows the reader's stack, the hijacked connection keeps 512-byte buffers,
 // and no session keeps its handshake request. A Message is immutable, so a
-// broadcast builds it once and queues the same bytes for every session.
+// broadcast builds it (and its websocket frame) once for every session.
+// Send and Queue on a websocket session with nothing queued and no writer
+// running write the frame at once from the caller's goroutine with one
+// non-blocking system call; only what the socket does not take is queued for
+// a writer goroutine, so a broadcast to idle sockets wakes no goroutine.
 //
 // # Flow control
 //

@@ -8,6 +8,7 @@ import (
 	"path"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/coder/websocket"
 )
@@ -38,6 +39,9 @@ type Server struct {
 	acceptOpts *websocket.AcceptOptions
 
 	tr tracker
+	// writers counts the writer goroutines started (tests: a direct write
+	// starts none).
+	writers atomic.Uint64
 
 	mu       sync.Mutex
 	sessions map[string]*Conn

@@ -25,12 +25,15 @@ const (
 )
 
 // smallBuffers makes the Hijack of a websocket handshake return small
-// bufio buffers.
-type smallBuffers struct{ http.ResponseWriter }
+// bufio buffers, and writes through wc (see frame.go).
+type smallBuffers struct {
+	http.ResponseWriter
+	wc *wsConn // set by Hijack
+}
 
-func (w smallBuffers) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+func (w *smallBuffers) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-func (w smallBuffers) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+func (w *smallBuffers) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	conn, brw, err := http.NewResponseController(w.ResponseWriter).Hijack()
 	if err != nil {
 		return nil, nil, err
@@ -47,7 +50,8 @@ func (w smallBuffers) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 		_ = conn.Close()
 		return nil, nil, err
 	}
-	return conn, bufio.NewReadWriter(r, bufio.NewWriterSize(conn, wsWriteBuffer)), nil
+	w.wc = newWSConn(conn)
+	return conn, bufio.NewReadWriter(r, bufio.NewWriterSize(w.wc, wsWriteBuffer)), nil
 }
 
 // serveWebSocket opens a websocket-only session. The request's goroutine
@@ -68,14 +72,15 @@ func (srv *Server) serveWebSocket(w http.ResponseWriter, r *http.Request) {
 	if c == nil {
 		return
 	}
-	ws, err := websocket.Accept(smallBuffers{w}, r, srv.acceptOpts)
+	sb := &smallBuffers{ResponseWriter: w}
+	ws, err := websocket.Accept(sb, r, srv.acceptOpts)
 	if err != nil {
 		srv.cfg.Logger.Debug("engineio: websocket accept", "remote", c.addr, "err", err)
 		c.close(ReasonTransportError)
 		return
 	}
 	ws.SetReadLimit(srv.cfg.MaxPayload)
-	if !c.attach(ws) {
+	if !c.attach(ws, sb.wc) {
 		_ = ws.CloseNow()
 		return
 	}
@@ -85,7 +90,7 @@ func (srv *Server) serveWebSocket(w http.ResponseWriter, r *http.Request) {
 }
 
 // attach makes ws the session's transport and starts writing what is queued.
-func (c *Conn) attach(ws *websocket.Conn) bool {
+func (c *Conn) attach(ws *websocket.Conn, wc *wsConn) bool {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -98,6 +103,7 @@ func (c *Conn) attach(ws *websocket.Conn) bool {
 	c.mu.Unlock()
 	c.q.mu.Lock()
 	c.q.ws = ws
+	c.q.wc = wc
 	start := (len(c.q.items) > 0 || c.q.ping.Load()) && c.q.claimWriterLocked()
 	c.q.mu.Unlock()
 	if start {
@@ -132,7 +138,8 @@ func (srv *Server) serveUpgrade(w http.ResponseWriter, r *http.Request, sid stri
 		c.upgrading = true
 	}
 	c.mu.Unlock()
-	ws, err := websocket.Accept(smallBuffers{w}, r, srv.acceptOpts)
+	sb := &smallBuffers{ResponseWriter: w}
+	ws, err := websocket.Accept(sb, r, srv.acceptOpts)
 	if err != nil {
 		srv.cfg.Logger.Debug("engineio: websocket accept (upgrade)", "remote", c.addr, "err", err)
 		if !duplicate {
@@ -150,7 +157,7 @@ func (srv *Server) serveUpgrade(w http.ResponseWriter, r *http.Request, sid stri
 		_ = ws.Close(websocket.StatusPolicyViolation, "upgrade failed")
 		return
 	}
-	if !c.attach(ws) {
+	if !c.attach(ws, sb.wc) {
 		_ = ws.Close(CloseCode(ReasonServerShutdown), "session closed")
 		return
 	}
@@ -255,40 +262,48 @@ func readErrorReason(err error) string {
 
 func (c *Conn) startWriter() {
 	c.srv.tr.add()
+	c.srv.writers.Add(1)
 	go c.runWriter()
 }
 
 // runWriter drains the queue to the websocket and exits when it is empty (a
-// later push starts another). It keeps a message and its binary messages
-// contiguous, lets a due ping jump ahead of queued messages, and sends the
-// close frame once the session is closed.
+// later push starts another). It writes everything queued at once (one
+// writev), keeps a message and its binary messages contiguous, lets a due
+// ping jump ahead of queued messages, and sends the close frame once the
+// session is closed.
 func (c *Conn) runWriter() {
 	defer c.srv.tr.done()
 	c.q.mu.Lock()
-	ws := c.q.ws
+	ws, wc := c.q.ws, c.q.wc
 	c.q.mu.Unlock()
 	var batch []*Message
+	var bufs net.Buffers
 	for {
 		var ping bool
 		batch, ping = c.take(batch)
 		if c.dropOutput.Load() {
 			batch, ping = batch[:0], false
 		}
-		if ping {
-			if !c.write(ws, websocket.MessageText, msgPing.text) {
+		if wc == nil {
+			// Not reached: every websocket is accepted through smallBuffers.
+			if ping && !c.write(ws, websocket.MessageText, msgPing.text) {
 				return
 			}
-		}
-		for _, m := range batch {
-			if c.dropOutput.Load() {
-				break
-			}
-			if c.q.ping.Swap(false) {
-				if !c.write(ws, websocket.MessageText, msgPing.text) {
-					return
+			for _, m := range batch {
+				if c.dropOutput.Load() || !c.writeMsg(ws, m) {
+					break
 				}
 			}
-			if !c.writeMsg(ws, m) {
+		} else if ping || len(batch) > 0 {
+			clear(bufs)
+			bufs = bufs[:0]
+			if ping {
+				bufs = append(bufs, msgPing.wsFrames())
+			}
+			for _, m := range batch {
+				bufs = append(bufs, m.wsFrames())
+			}
+			if !c.writeFrames(ws, wc, bufs) {
 				return
 			}
 		}
@@ -316,6 +331,20 @@ func (c *Conn) runWriter() {
 		}
 		return
 	}
+}
+
+// writeFrames writes bufs in full; a stuck write is found by the heartbeat
+// (see Config.WriteTimeout).
+func (c *Conn) writeFrames(ws *websocket.Conn, wc *wsConn, bufs net.Buffers) bool {
+	c.writeSince.Store(time.Now().UnixNano())
+	err := wc.writeBlocking(bufs)
+	c.writeSince.Store(0)
+	if err != nil {
+		c.close(ReasonTransportError)
+		_ = ws.CloseNow()
+		return false
+	}
+	return true
 }
 
 func (c *Conn) writeMsg(ws *websocket.Conn, m *Message) bool {
