@@ -1,0 +1,163 @@
+package joblib
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/zndraw/joblib/events"
+	"github.com/zndraw/joblib/internal/dbtest"
+	"github.com/zndraw/joblib/models"
+)
+
+// Events written to the outbox by a node that never relayed them (it died
+// right after its commits) still reach every node, each exactly once and in
+// the order they were written, while two live nodes relay at the same time
+// (the relay lock keeps their batches from overtaking each other), and the
+// outbox is empty afterwards.
+func TestRelaySendsWhatADeadNodeLeft(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := dbtest.Open(t, models.Postgres)
+	open := func(node string) (*models.DB, *events.PGBus) {
+		d, err := models.Open(ctx, db.URL(), models.OpenOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { d.Close() })
+		b := events.NewPGBus(d.Pool, node, nil)
+		if err := b.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(b.Stop)
+		return d, b
+	}
+	_, dead := open("dead")
+	dbA, busA := open("a")
+	dbB, busB := open("b")
+	_, busC := open("c")
+	var mu sync.Mutex
+	var got []string
+	all := make(chan struct{})
+	const n = 600
+	busC.Subscribe(func(e events.Emission) {
+		mu.Lock()
+		defer mu.Unlock()
+		got = append(got, e.Room)
+		if len(got) == n {
+			close(all)
+		}
+	})
+	a := New(Config{DB: dbA, Bus: busA})
+	b := New(Config{DB: dbB, Bus: busB})
+	for _, s := range []*Service{a, b} {
+		if err := s.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(s.Close)
+	}
+
+	// The dead node's commits: batches of 20 rows; the live relays are woken
+	// after each, so they run while rows are still being written.
+	want := make([]string, n)
+	for i := range want {
+		want[i] = fmt.Sprintf("r%04d", i)
+	}
+	for batch := range slices.Chunk(want, 20) {
+		err := db.Tx(ctx, func(q *models.Q) error {
+			for _, room := range batch {
+				msg, err := dead.Notification(ctx, []events.Emission{{Room: room, Event: events.JobsInvalidate{}}})
+				if err != nil {
+					return err
+				}
+				if err := q.WriteOutbox(msg); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.relay.poke()
+		b.relay.poke()
+	}
+	select {
+	case <-all:
+	case <-time.After(30 * time.Second):
+		mu.Lock()
+		t.Fatalf("node c received %d of %d events", len(got), n)
+	}
+	mu.Lock()
+	if !slices.Equal(got, want) {
+		t.Fatalf("node c received the events out of order or twice:\n%v", got)
+	}
+	mu.Unlock()
+	var left int
+	if err := db.Pool.QueryRow(ctx, "SELECT count(*) FROM joblib_event_outbox").Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if left != 0 {
+		t.Fatalf("%d rows left in the outbox", left)
+	}
+}
+
+// A row written by a transaction that rolls back is never sent, and rows a
+// node wrote before it stops are sent by its last relay pass at Stop.
+func TestRelayRollbackAndStop(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := dbtest.Open(t, models.Postgres)
+	other, err := models.Open(ctx, db.URL(), models.OpenOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { other.Close() })
+	a := events.NewPGBus(db.Pool, "a", nil)
+	b := events.NewPGBus(other.Pool, "b", nil)
+	for _, bus := range []*events.PGBus{a, b} {
+		if err := bus.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(bus.Stop)
+	}
+	remote := newSeen()
+	b.Subscribe(remote.add)
+	s := New(Config{DB: db, Bus: a})
+	s.relay.interval = time.Hour // only pokes and Stop relay here
+	t.Cleanup(s.Close)
+
+	write := func(room string, commit bool) {
+		t.Helper()
+		msg, err := a.Notification(ctx, []events.Emission{{Room: room, Event: events.JobsInvalidate{}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = db.Tx(ctx, func(q *models.Q) error {
+			if err := q.WriteOutbox(msg); err != nil {
+				return err
+			}
+			if !commit {
+				return errTestRollback
+			}
+			return nil
+		})
+		if commit != (err == nil) {
+			t.Fatalf("write %s: %v", room, err)
+		}
+	}
+	write("rolled-back", false)
+	write("first", true)
+	s.relay.poke()
+	remote.waitFor(t, "first")
+	write("at-stop", true) // no poke: only the last pass at Stop sends it
+	s.Stop()
+	if got := remote.waitFor(t, "at-stop"); !slices.Equal(got, []string{"first", "at-stop"}) {
+		t.Fatalf("the other node received %v", got)
+	}
+}
+
+var errTestRollback = fmt.Errorf("roll back")
