@@ -71,7 +71,9 @@ func (statementCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.
 	return ctx
 }
 
-func (c statementCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) { c.n.Add(1) }
+func (c statementCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {
+	c.n.Add(1)
+}
 
 func (statementCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
