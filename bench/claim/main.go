@@ -10,8 +10,10 @@
 //     one completing UPDATE per task, autocommit, over pgx.
 //
 // W workers loop until the round's queue is empty. It prints, per system,
-// the median over rounds of tasks/s, the claim p50/p99 over every claim, and
-// statements per task, then the ratio joblib/raw. -bus pg adds the NOTIFY
+// the median over rounds of tasks/s, the claim p50/p99 over every claim,
+// statements per task and CPU per task (this process; the PostgreSQL
+// backends serving the system, told apart by application_name and read from
+// /proc; the whole machine), then the ratio joblib/raw. -bus pg adds the NOTIFY
 // that serve sends to other nodes; -raw-notify puts one in each raw statement.
 //
 //	go run ./bench/claim -db postgres://postgres@127.0.0.1:5432/test -workers 8 -tasks 2000 -rounds 3
