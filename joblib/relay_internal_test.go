@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/zndraw/joblib/events"
 	"github.com/zndraw/joblib/internal/dbtest"
 	"github.com/zndraw/joblib/models"
@@ -165,3 +166,120 @@ func TestRelayRollbackAndStop(t *testing.T) {
 }
 
 var errTestRollback = fmt.Errorf("roll back")
+
+// Tasks go through their lifecycle on two nodes at once, each step on the
+// other node than the one before (submit on A, claim on B, running on A,
+// completed on B), eight workers in parallel on the one-statement paths: a
+// third node receives every task's status events exactly once and in the
+// order of the changes, though two relays send them.
+func TestRelayKeepsEachTaskInOrderAcrossNodes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := dbtest.Open(t, models.Postgres)
+	open := func(node string) (*models.DB, *events.PGBus) {
+		d, err := models.Open(ctx, db.URL(), models.OpenOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { d.Close() })
+		b := events.NewPGBus(d.Pool, node, nil)
+		if err := b.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(b.Stop)
+		return d, b
+	}
+	dbA, busA := open("a")
+	dbB, busB := open("b")
+	_, busC := open("c")
+	st := DefaultSettings()
+	st.SubmitRate = 0
+	a := New(Config{DB: dbA, Bus: busA, Settings: st})
+	b := New(Config{DB: dbB, Bus: busB, Settings: st})
+	t.Cleanup(a.Close)
+	t.Cleanup(b.Close)
+
+	const workers, perWorker = 8, 15
+	var mu sync.Mutex
+	seen := map[string][]string{}
+	done := make(chan struct{})
+	busC.Subscribe(func(e events.Emission) {
+		ev, ok := e.Event.(events.TaskStatusEvent)
+		if !ok {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		seen[ev.ID] = append(seen[ev.ID], ev.Status)
+		n := 0
+		for _, s := range seen {
+			if len(s) >= 4 {
+				n++
+			}
+		}
+		if n == workers*perWorker && ev.Status == models.StatusCompleted {
+			select {
+			case <-done:
+			default:
+				close(done)
+			}
+		}
+	})
+
+	_, alice, err := a.CreateToken(ctx, "alice", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]uuid.UUID, workers)
+	for i := range ids {
+		w, err := a.CreateWorker(ctx, alice)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := a.RegisterJob(ctx, alice, "r", RegisterJobParams{Category: "modifiers", Name: fmt.Sprint("J", i), WorkerID: &w.ID}); err != nil {
+			t.Fatal(err)
+		}
+		ids[i] = w.ID
+	}
+	var wg sync.WaitGroup
+	for i := range workers {
+		wg.Go(func() {
+			for range perWorker {
+				if _, err := a.SubmitTask(ctx, alice, "r", fmt.Sprint("r:modifiers:J", i), nil); err != nil {
+					t.Error(err)
+					return
+				}
+				task, err := b.ClaimTask(ctx, alice, ids[i])
+				if err != nil || task == nil {
+					t.Errorf("claim: %v %v", task, err)
+					return
+				}
+				if _, err := a.UpdateTask(ctx, alice, task.ID, models.StatusRunning, nil); err != nil {
+					t.Error(err)
+					return
+				}
+				if _, err := b.UpdateTask(ctx, alice, task.ID, models.StatusCompleted, nil); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+	}
+	time.Sleep(200 * time.Millisecond) // anything sent twice would follow within a pass
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) != workers*perWorker {
+		t.Fatalf("node c heard of %d tasks, want %d", len(seen), workers*perWorker)
+	}
+	want := []string{models.StatusPending, models.StatusClaimed, models.StatusRunning, models.StatusCompleted}
+	for id, got := range seen {
+		if !slices.Equal(got, want) {
+			t.Fatalf("task %s: node c received %v, want %v", id, got, want)
+		}
+	}
+}
