@@ -3,6 +3,7 @@ package joblib
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"testing"
@@ -271,13 +272,15 @@ func TestRelayKeepsEachTaskInOrderAcrossNodes(t *testing.T) {
 	case <-time.After(30 * time.Second):
 	}
 	time.Sleep(200 * time.Millisecond) // anything sent twice would follow within a pass
+	// Fail without holding mu: a blocked subscriber would hang the bus's Stop.
 	mu.Lock()
-	defer mu.Unlock()
-	if len(seen) != workers*perWorker {
-		t.Fatalf("node c heard of %d tasks, want %d", len(seen), workers*perWorker)
+	heard := maps.Clone(seen)
+	mu.Unlock()
+	if len(heard) != workers*perWorker {
+		t.Fatalf("node c heard of %d tasks, want %d", len(heard), workers*perWorker)
 	}
 	want := []string{models.StatusPending, models.StatusClaimed, models.StatusRunning, models.StatusCompleted}
-	for id, got := range seen {
+	for id, got := range heard {
 		if !slices.Equal(got, want) {
 			t.Fatalf("task %s: node c received %v, want %v", id, got, want)
 		}
