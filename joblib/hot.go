@@ -7,8 +7,8 @@ import (
 	"github.com/zndraw/joblib/models"
 )
 
-// hotNotify tells the hot statements how to send task status events to other
-// nodes from inside the statement (zero: this bus has no other nodes).
+// hotNotify tells the hot statements how to write task status events for
+// other nodes to the event outbox (zero: this bus has no other nodes).
 func (s *Service) hotNotify() models.HotNotify {
 	tb := s.txBus()
 	if tb == nil {
@@ -22,9 +22,9 @@ func (s *Service) hotNotify() models.HotNotify {
 }
 
 // publishHot publishes the status events of tasks a hot statement changed,
-// which has committed: this node's subscribers get them now; other nodes
-// already got them from the statement's own NOTIFY, except events too large
-// for it, which are sent now.
+// which has committed: this node's subscribers get them now; for other
+// nodes the statement wrote them to the outbox, and the relay is woken;
+// events too large for a NOTIFY are sent now.
 func (s *Service) publishHot(ctx context.Context, hts []models.HotTask) []Task {
 	out := make([]Task, len(hts))
 	ems := make([]events.Emission, len(hts))
@@ -42,6 +42,9 @@ func (s *Service) publishHot(ctx context.Context, hts []models.HotTask) []Task {
 		return out
 	}
 	tb.Deliver(ems)
+	if len(late) < len(ems) {
+		s.relay.poke()
+	}
 	if len(late) > 0 {
 		s.notifyLate(ctx, tb, late)
 	}

@@ -54,9 +54,10 @@ func (s *seen) waitFor(t *testing.T, room string) []string {
 }
 
 // A mutation's events reach this node's subscribers only after it commits,
-// and other nodes through a NOTIFY sent inside the transaction (or, with
-// NotifyAfterCommit, right after it): a mutation that rolls back publishes
-// nothing anywhere, and the one that commits is seen once on both nodes.
+// and other nodes through the outbox row its transaction writes and the relay
+// sends (or, with NotifyAfterCommit, a NOTIFY right after it): a mutation
+// that rolls back publishes nothing anywhere, and the one that commits is
+// seen once on both nodes.
 func TestMutatePublishesWithTheCommit(t *testing.T) {
 	t.Parallel()
 	type mode struct {
@@ -126,8 +127,8 @@ func TestMutatePublishesWithTheCommit(t *testing.T) {
 				t.Fatalf("this node received %v", got)
 			}
 			if d == models.Postgres {
-				// NOTIFYs arrive in commit order: had the rolled-back
-				// mutation notified, it would be seen first.
+				// The relay sends in order: had the rolled-back mutation
+				// written its row, it would be seen first.
 				if got := remote.waitFor(t, events.Room("committed")); len(got) != 1 {
 					t.Fatalf("the other node received %v", got)
 				}

@@ -29,6 +29,7 @@ type Service struct {
 	internal  map[string]InternalJob
 	observers []CleanupObserver
 	runner    *internalRunner
+	relay     *relay
 	cache     ResultCache
 	rates     rateLimits
 
@@ -84,6 +85,7 @@ func New(cfg Config) *Service {
 		rates:    newRateLimits(cfg.Settings),
 	}
 	s.runner = newInternalRunner(s)
+	s.relay = newRelay(s)
 	s.node = cfg.Node
 	if s.node.ID == "" {
 		n, err := NewNode(cfg.Settings.NodeID)
@@ -112,13 +114,16 @@ func (s *Service) Start(ctx context.Context) error {
 		s.cache.Stop()
 		return err
 	}
+	s.relay.start()
 	return nil
 }
 
 // Stop ends what Start started, the executor first (its last writes still
-// need the database), then the cache.
+// need the database), then the outbox relay (after a last pass), then the
+// cache.
 func (s *Service) Stop() {
 	s.runner.Stop()
+	s.relay.stop()
 	s.cache.Stop()
 }
 
@@ -168,10 +173,11 @@ func (s *Service) SetSettings(st Settings) {
 }
 
 // mutate runs fn in one transaction and publishes what it emitted. With a
-// TxBus on PostgreSQL the other nodes' NOTIFY is sent inside the transaction
-// (PostgreSQL delivers it exactly at commit, never without it); this node's
-// subscribers get the emissions after the commit. Nothing is published when
-// fn or the commit fails.
+// TxBus on PostgreSQL the other nodes' payload is written to the event
+// outbox inside the transaction (so it exists exactly when the change
+// commits, never without it) and the relay sends it after the commit; this
+// node's subscribers get the emissions after the commit. Nothing is
+// published when fn or the commit fails.
 func (s *Service) mutate(ctx context.Context, fn func(q *models.Q, em *events.Set) error) error {
 	var em events.Set
 	tb := s.txBus()
@@ -187,13 +193,16 @@ func (s *Service) mutate(ctx context.Context, fn func(q *models.Q, em *events.Se
 		if err != nil {
 			return err
 		}
-		return q.Notify(tb.Channel(), msg)
+		return q.WriteOutbox(msg)
 	})
 	if err != nil {
 		return err
 	}
 	if tb != nil {
 		tb.Deliver(em.List())
+		if em.Len() > 0 {
+			s.relay.poke()
+		}
 		return nil
 	}
 	s.publish(ctx, em.List())

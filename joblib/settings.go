@@ -119,11 +119,11 @@ type Settings struct {
 	UserMaxPendingTasks int `env:"USER_MAX_PENDING_TASKS" envDefault:"10000"`
 	// NotifyAfterCommit (PostgreSQL) sends events to other nodes with a
 	// NOTIFY of their own after the change commits, as joblib used to:
-	// at-most-once across a crash between the two. By default the NOTIFY is
-	// part of the change's own transaction (delivered exactly when it
-	// commits, never without it); PostgreSQL serialises the commits of
-	// transactions that NOTIFY, WAL flush included, which caps write
-	// throughput at about one commit per flush (see BENCHMARKS.md).
+	// at-most-once across a crash between the two. By default the change's
+	// own statement or transaction writes them to the event outbox and the
+	// relay NOTIFYs the committed rows (sent once the change committed,
+	// never without it), without the commit serialisation a NOTIFY inside
+	// the change would cause (see BENCHMARKS.md).
 	NotifyAfterCommit bool `env:"NOTIFY_AFTER_COMMIT" envDefault:"false"`
 }
 

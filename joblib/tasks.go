@@ -139,14 +139,17 @@ func (s *Service) SubmitTask(ctx context.Context, p Principal, room, fullName st
 }
 
 // submitHot is SubmitTask's one-statement path on PostgreSQL for a live job
-// that is not @internal; ok is false when it does not apply (the general
-// path then answers: not found, internal jobs).
+// that is not @internal, with the pending-task quota checked under the
+// user's quota lock in the same round trip; ok is false when it does not
+// apply (the general path then answers: not found, internal jobs, quota
+// exceeded).
 func (s *Service) submitHot(ctx context.Context, p Principal, room, fullName, body string) (Task, bool, error) {
 	if s.db.Dialect() != models.Postgres {
 		return Task{}, false, nil
 	}
-	if !p.Superuser && s.Settings().quotaFor(models.UsagePendingTasks) > 0 {
-		return Task{}, false, nil // the general path counts the user's pending tasks
+	quota := s.Settings().quotaFor(models.UsagePendingTasks)
+	if p.Superuser {
+		quota = 0
 	}
 	jroom, cat, name, ok := SplitFullName(fullName)
 	if !ok || !addressable(jroom, cat, name) || jroom == RoomInternal {
@@ -158,7 +161,7 @@ func (s *Service) submitHot(ctx context.Context, p Principal, room, fullName, bo
 		f := tb.Frame(events.TaskAvailable{}.EventName())
 		a = models.AvailableFrame{Prefix: f.Prefix, Middle: f.Middle, Suffix: f.Suffix, JobRoomPrefix: events.JobRoom("")}
 	}
-	ht, ok, err := s.db.SubmitTaskHot(ctx, uuid.New(), jroom, cat, name, room, p.ID, body, n, a)
+	ht, ok, err := s.db.SubmitTaskHot(ctx, uuid.New(), jroom, cat, name, room, p.ID, body, quota, n, a)
 	if err != nil || !ok {
 		return Task{}, false, err
 	}
@@ -169,7 +172,9 @@ func (s *Service) submitHot(ctx context.Context, p Principal, room, fullName, bo
 	}
 	if tb := s.txBus(); tb != nil {
 		tb.Deliver(ems)
-		if !ht.Notified {
+		if ht.Notified {
+			s.relay.poke()
+		} else {
 			s.notifyLate(ctx, tb, ems)
 		}
 	} else {

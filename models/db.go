@@ -66,6 +66,17 @@ func (c statementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pg
 
 func (statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
+// The statements of a pgx batch (one round trip) are counted one by one.
+func (statementCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+func (c statementCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {
+	c.n.Add(1)
+}
+
+func (statementCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
 // Open connects to the database named by rawURL: a postgres:// or postgresql://
 // URL selects PostgreSQL; a plain path, optionally prefixed with sqlite:// or
 // file:, a SQLite file; other schemes are refused (see ParseURL). It does not

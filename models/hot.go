@@ -21,15 +21,17 @@ import (
 // ErrNoHotPath is returned by the hot statements on SQLite, which has none.
 var ErrNoHotPath = errors.New("no hot path on this database")
 
-// HotNotify tells a hot statement how to NOTIFY other nodes of a task's
-// status event: the payload is Prefix + JSON(RoomPrefix + room) + Middle +
-// the event object + Suffix on Channel. The zero value sends nothing.
+// HotNotify tells a hot statement how to send other nodes a task's status
+// event: the payload is Prefix + JSON(RoomPrefix + room) + Middle + the
+// event object + Suffix, written to the event outbox (see RelayOutbox) when
+// Channel is set. The zero value sends nothing.
 type HotNotify struct {
 	Channel, Prefix, Middle, Suffix string
 	// RoomPrefix turns a task's room id into the event's room name.
 	RoomPrefix string
-	// MaxBytes is the largest payload sent inline; a larger one is not sent
-	// and the row comes back with Notified false (the caller publishes it).
+	// MaxBytes bounds the payload (a NOTIFY's limit); a larger one is not
+	// written and the row comes back with Notified false (the caller
+	// publishes it).
 	MaxBytes int
 }
 
@@ -45,12 +47,18 @@ const hotStatusEvent = `json_build_object('id', u.id, 'name', j.room_id || ':' |
  'status', u.status, 'created_at', u.created_at, 'started_at', u.started_at, 'completed_at', u.completed_at,
  'queue_position', %[1]s, 'worker_id', u.worker_id, 'error', u.error)::text`
 
-// hotNotifyCol is the statement's last column: whether the status event went
-// out with pg_notify. Parameters $n..$n+6 are the HotNotify fields.
-func hotNotifyCol(n int, qp string) string {
+// hotOutbox returns the CTEs that write the status event of each task of
+// base (the changed rows, with job j joined on) to the event outbox, and
+// the column saying whether it was written; parameters $n..$n+5 are the
+// HotNotify fields. The payload is built only when a channel is set.
+func hotOutbox(n int, base, qp string) (ctes, col string) {
 	payload := fmt.Sprintf("$%d || to_json($%d || u.room_id)::text || $%d || %s || $%d", n+1, n+4, n+2, fmt.Sprintf(hotStatusEvent, qp), n+3)
-	return fmt.Sprintf(`CASE WHEN u.id IS NOT NULL AND $%[1]d <> '' AND octet_length(%[2]s) < $%[3]d
- THEN pg_notify($%[1]d, %[2]s)::text IS NOT NULL ELSE false END`, n, payload, n+5)
+	ctes = fmt.Sprintf(`, ev AS (
+	SELECT u.id, u.seq, %[2]s AS p FROM %[3]s u JOIN jobs j ON j.id = u.job_id WHERE $%[1]d <> ''
+), ob AS (
+	INSERT INTO joblib_event_outbox (payload) SELECT p FROM ev WHERE octet_length(p) < $%[4]d ORDER BY seq RETURNING 1
+)`, n, payload, base, n+5)
+	return ctes, fmt.Sprintf("COALESCE(octet_length(ev.p) < $%d, false)", n+5)
 }
 
 func (h HotNotify) args() []any {
@@ -58,7 +66,7 @@ func (h HotNotify) args() []any {
 }
 
 // HotTask is a task a hot statement changed, and whether its status event
-// was sent to other nodes inside the statement.
+// was written to the event outbox by the statement (for other nodes).
 type HotTask struct {
 	Task
 	Notified bool
@@ -105,10 +113,12 @@ var claimSQL = `WITH w AS (
 	UPDATE tasks t SET status = 'claimed', worker_id = $1, attempt = t.attempt + 1, claimed_at = now(), updated_at = now()
 	FROM picked WHERE t.id = picked.id
 	RETURNING t.*
-)
-SELECT EXISTS (SELECT 1 FROM w), ` + hotTaskCols + `, NULL::bigint AS qp, ` + hotNotifyCol(4, "NULL") + `
-FROM (SELECT 1) one LEFT JOIN (u LEFT JOIN jobs j ON j.id = u.job_id) ON true
+)` + claimOutbox + `
+SELECT EXISTS (SELECT 1 FROM w), ` + hotTaskCols + `, NULL::bigint AS qp, ` + claimNotified + `
+FROM (SELECT 1) one LEFT JOIN (u LEFT JOIN jobs j ON j.id = u.job_id LEFT JOIN ev ON ev.id = u.id) ON true
 ORDER BY u.seq`
+
+var claimOutbox, claimNotified = hotOutbox(4, "u", "NULL")
 
 // ClaimTasksHot claims up to limit of the oldest pending tasks of the
 // worker's (non-internal) jobs in one statement, in seq order. owned is false
@@ -165,9 +175,11 @@ var updateStatusSQL = `WITH u AS (
 		AND (t.lost_worker_id IS NULL OR t.worker_id <> t.lost_worker_id)
 		AND ($5 OR EXISTS (SELECT 1 FROM workers w WHERE w.id = t.worker_id AND w.user_id = $6))
 	RETURNING t.*
-)
-SELECT ` + hotTaskCols + `, NULL::bigint AS qp, ` + hotNotifyCol(7, "NULL") + `
-FROM u LEFT JOIN jobs j ON j.id = u.job_id`
+)` + updateOutbox + `
+SELECT ` + hotTaskCols + `, NULL::bigint AS qp, ` + updateNotified + `
+FROM u LEFT JOIN jobs j ON j.id = u.job_id LEFT JOIN ev ON ev.id = u.id`
+
+var updateOutbox, updateNotified = hotOutbox(7, "u", "NULL")
 
 // UpdateTaskStatusHot applies a status change to a task held by a worker, in
 // one statement. ok is false when nothing changed (the task is missing, in
@@ -197,26 +209,36 @@ func (db *DB) UpdateTaskStatusHot(ctx context.Context, id uuid.UUID, to string, 
 }
 
 // submitSQL adds a pending task to the live, non-internal job $1:$2:$3 (held
-// in key share, so the orphan rule cannot retire it meanwhile). The queue
+// in key share, so the orphan rule cannot retire it meanwhile) when its
+// creator $6 has fewer than $18 pending tasks ($18 = 0: no quota; the
+// caller holds the user's quota lock, see SubmitTaskHot). The queue
 // position counts the pending tasks ahead of it over the index (the new row
 // is not in the statement's snapshot: hence the 1 +). Besides the status
-// event it sends task_available to the job's workers: parameters $8..$13
-// are the status event's HotNotify, $14..$17 the task_available frame
-// (prefix, middle, suffix, job room prefix).
+// event it writes task_available for the job's workers to the outbox (both
+// or neither): parameters $8..$13 are the status event's HotNotify,
+// $14..$17 the task_available frame (prefix, middle, suffix, job room
+// prefix).
 var submitSQL = `WITH jj AS (
-	SELECT id FROM jobs WHERE room_id = $1 AND category = $2 AND name = $3 AND deleted = false AND room_id <> '@internal' FOR KEY SHARE
+	SELECT id FROM jobs WHERE room_id = $1 AND category = $2 AND name = $3 AND deleted = false AND room_id <> '@internal'
+		AND ($18 = 0 OR (SELECT count(*) FROM (SELECT 1 FROM tasks q WHERE q.created_by_id = $6 AND q.status = 'pending' LIMIT $18) c) < $18)
+	FOR KEY SHARE
 ), u AS (
 	INSERT INTO tasks (id, job_id, room_id, created_by_id, payload, status, created_at, updated_at)
 	SELECT $4, jj.id, $5, $6, $7, 'pending', now(), now() FROM jj
 	RETURNING *
 ), v AS (
 	SELECT u.*, 1 + (SELECT count(*) FROM tasks p WHERE p.job_id = u.job_id AND p.status = 'pending' AND p.seq < u.seq) AS position FROM u
+), ev AS (
+	SELECT u.id, $9 || to_json($12 || u.room_id)::text || $10 || ` + fmt.Sprintf(hotStatusEvent, "u.position") + ` || $11 AS p,
+		$14 || to_json($17 || j.room_id || ':' || j.category || ':' || j.name)::text || $15 ||
+		json_build_object('job_name', j.room_id || ':' || j.category || ':' || j.name, 'room_id', u.room_id, 'task_id', u.id)::text || $16 AS a
+	FROM v u JOIN jobs j ON j.id = u.job_id WHERE $8 <> ''
+), ob AS (
+	INSERT INTO joblib_event_outbox (payload)
+	SELECT unnest(ARRAY[p, a]) FROM ev WHERE octet_length(p) < $13 AND octet_length(a) < $13 RETURNING 1
 )
-SELECT ` + hotTaskCols + `, u.position, ` + hotNotifyCol(8, "u.position") + `,
- CASE WHEN $8 <> '' THEN pg_notify($8, $14 || to_json($17 || j.room_id || ':' || j.category || ':' || j.name)::text || $15 ||
-  json_build_object('job_name', j.room_id || ':' || j.category || ':' || j.name, 'room_id', u.room_id, 'task_id', u.id)::text || $16)::text IS NOT NULL
- ELSE false END
-FROM v u JOIN jobs j ON j.id = u.job_id`
+SELECT ` + hotTaskCols + `, u.position, COALESCE(octet_length(ev.p) < $13 AND octet_length(ev.a) < $13, false)
+FROM v u JOIN jobs j ON j.id = u.job_id LEFT JOIN ev ON ev.id = u.id`
 
 // AvailableFrame is the frame of the task_available event a submission
 // sends to the job's workers (see HotNotify).
@@ -226,34 +248,50 @@ type AvailableFrame struct {
 	JobRoomPrefix string
 }
 
+// lockUserSQL is Q.LockUser's quota lock, for pgx.
+const lockUserSQL = "SELECT id FROM users WHERE id = $1 FOR NO KEY UPDATE"
+
 // SubmitTaskHot adds a pending task to a live job that is not @internal, in
-// one statement, and returns it with its queue position. ok is false when
-// no such job exists (the caller's general path answers).
-func (db *DB) SubmitTaskHot(ctx context.Context, id uuid.UUID, room, category, name, targetRoom string, createdBy uuid.UUID, payload string, n HotNotify, a AvailableFrame) (HotTask, bool, error) {
+// one statement, and returns it with its queue position. With quota > 0 the
+// task is added only while its creator has fewer than quota pending tasks:
+// the user's quota lock (as Q.LockUser takes it) and the statement go as one
+// pipeline, one round trip that PostgreSQL runs as one implicit transaction,
+// and the statement's snapshot, taken once the lock is granted, counts every
+// task a concurrent submission of the same user committed. ok is false when
+// no such job exists or the quota is spent (the caller's general path
+// answers).
+func (db *DB) SubmitTaskHot(ctx context.Context, id uuid.UUID, room, category, name, targetRoom string, createdBy uuid.UUID, payload string, quota int, n HotNotify, a AvailableFrame) (HotTask, bool, error) {
 	if db.Pool == nil {
 		return HotTask{}, false, ErrNoHotPath
 	}
 	args := append([]any{room, category, name, id, targetRoom, createdBy, payload}, n.args()...)
-	args = append(args, a.Prefix, a.Middle, a.Suffix, a.JobRoomPrefix)
-	rows, err := db.Pool.Query(ctx, submitSQL, args...)
-	if err != nil {
-		return HotTask{}, false, fmt.Errorf("insert task: %w", mapErr(err))
-	}
-	defer rows.Close()
+	args = append(args, a.Prefix, a.Middle, a.Suffix, a.JobRoomPrefix, quota)
 	var t HotTask
 	ok := false
-	for rows.Next() {
-		var availableSent bool
-		err := rows.Scan(&t.ID, &t.Seq, &t.JobID, &t.WorkerID, &t.LostWorkerID, &t.RoomID, &t.CreatedByID, &t.Payload, &t.Status, &t.Attempt,
-			&t.CreatedAt, &t.ClaimedAt, &t.StartedAt, &t.CompletedAt, &t.Error, &t.Result,
-			&t.JobRoom, &t.JobCategory, &t.JobName, &t.OnWorkerLoss, &t.MaxAttempts, &t.QueuePosition, &t.Notified, &availableSent)
-		if err != nil {
-			return HotTask{}, false, fmt.Errorf("insert task: %w", err)
+	scan := func(rows pgx.Rows) error {
+		for rows.Next() {
+			var err error
+			if t, err = scanHotTask(rows); err != nil {
+				return err
+			}
+			ok = true
 		}
-		t.Notified = t.Notified && availableSent
-		ok = true
+		return rows.Err()
 	}
-	if err := rows.Err(); err != nil {
+	var err error
+	if quota > 0 {
+		var b pgx.Batch
+		b.Queue(lockUserSQL, createdBy)
+		b.Queue(submitSQL, args...).Query(scan)
+		err = db.Pool.SendBatch(ctx, &b).Close()
+	} else {
+		var rows pgx.Rows
+		if rows, err = db.Pool.Query(ctx, submitSQL, args...); err == nil {
+			err = scan(rows)
+			rows.Close()
+		}
+	}
+	if err != nil {
 		return HotTask{}, false, fmt.Errorf("insert task: %w", mapErr(err))
 	}
 	return t, ok, nil

@@ -464,6 +464,27 @@ CREATE INDEX IF NOT EXISTS tasks_finished_idx ON tasks (status, completed_at);
 DROP INDEX IF EXISTS tasks_status_idx;
 `,
 	},
+	{
+		version: 90,
+		name:    "event outbox",
+		// The events a PostgreSQL mutation sends to other nodes are rows
+		// of this table, written by the mutation's own statement or
+		// transaction, so they exist exactly when the change committed; a
+		// relay on any node sends the committed rows with NOTIFY, in id
+		// order, and deletes them (DB.RelayOutbox). A NOTIFY inside the
+		// mutation would serialise every mutation's commit on PostgreSQL's
+		// notify-queue lock. Unlogged: the rows are as durable as the
+		// NOTIFY queue they replace (a PostgreSQL crash loses both, and
+		// every listener reconnects and reports the gap).
+		postgres: `
+CREATE UNLOGGED TABLE IF NOT EXISTS joblib_event_outbox (
+	id      bigserial PRIMARY KEY,
+	payload text NOT NULL
+);
+`,
+		// SQLite runs one node: events are delivered in-process.
+		sqlite: ``,
+	},
 }
 
 // SchemaLockSQL takes the transaction-scoped advisory lock that serialises

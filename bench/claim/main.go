@@ -10,8 +10,10 @@
 //     one completing UPDATE per task, autocommit, over pgx.
 //
 // W workers loop until the round's queue is empty. It prints, per system,
-// the median over rounds of tasks/s, the claim p50/p99 over every claim, and
-// statements per task, then the ratio joblib/raw. -bus pg adds the NOTIFY
+// the median over rounds of tasks/s, the claim p50/p99 over every claim,
+// statements per task and CPU per task (this process; the PostgreSQL
+// backends serving the system, told apart by application_name and read from
+// /proc; the whole machine), then the ratio joblib/raw. -bus pg adds the NOTIFY
 // that serve sends to other nodes; -raw-notify puts one in each raw statement.
 //
 //	go run ./bench/claim -db postgres://postgres@127.0.0.1:5432/test -workers 8 -tasks 2000 -rounds 3
@@ -32,9 +34,11 @@ import (
 	"path/filepath"
 	"runtime/pprof"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -53,6 +57,8 @@ type options struct {
 	bus                    string
 	rawNotify              bool
 	notifyAfterCommit      bool
+	setupSQL               string
+	params                 string
 }
 
 func main() {
@@ -65,6 +71,8 @@ func main() {
 	flag.StringVar(&o.bus, "bus", "local", "PostgreSQL event bus: local (in-process, one node) or pg (NOTIFY to other nodes, as serve runs on PostgreSQL)")
 	flag.BoolVar(&o.notifyAfterCommit, "notify-after-commit", false, "with -bus pg: NOTIFY other nodes after each commit (JOBLIB_NOTIFY_AFTER_COMMIT)")
 	flag.BoolVar(&o.rawNotify, "raw-notify", false, "the raw loop also sends a pg_notify inside each of its statements")
+	flag.StringVar(&o.setupSQL, "setup-sql", "", "SQL run on joblib's schema after the migrations (experiments: an index or trigger less)")
+	flag.StringVar(&o.params, "params", "", "extra connection parameters for joblib's pool (experiments: plan_cache_mode=force_generic_plan)")
 	flag.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the joblib rounds to this file")
 	flag.Parse()
 	if err := run(context.Background(), o); err != nil {
@@ -75,7 +83,13 @@ func main() {
 
 // result is one round of one system.
 type result struct {
-	elapsed    time.Duration
+	elapsed time.Duration
+	// proc is this process's CPU time (server and HTTP client for joblib,
+	// the pgx client for the raw loop), machine the whole machine's busy
+	// CPU time (PostgreSQL's backends included, and any other load).
+	proc, machine time.Duration
+	// pg is the CPU time of the PostgreSQL backends serving this system.
+	pg         time.Duration
 	claims     []time.Duration
 	statements int64
 	tasks      int
@@ -88,13 +102,32 @@ func run(ctx context.Context, o options) error {
 	}
 	defer cleanup()
 	var statements atomic.Int64
-	db, err := models.Open(ctx, url, models.OpenOptions{MaxConns: 32, Statements: &statements})
+	jurl, rurl := url, url
+	if o.db != "" {
+		// Each system's backends carry their own application_name, so the
+		// bench can read their CPU time from /proc.
+		tag := fmt.Sprintf("claimbench%d", os.Getpid())
+		jurl, rurl = url+"&application_name="+tag+"j", url+"&application_name="+tag+"r"
+		if o.params != "" {
+			jurl += "&" + o.params
+		}
+		if backends, err = pgx.Connect(ctx, o.db); err != nil {
+			return err
+		}
+		defer backends.Close(ctx)
+	}
+	db, err := models.Open(ctx, jurl, models.OpenOptions{MaxConns: 32, Statements: &statements})
 	if err != nil {
 		return err
 	}
 	defer db.Close()
 	if _, err := db.Migrate(ctx); err != nil {
 		return err
+	}
+	if o.setupSQL != "" {
+		if _, err := db.Pool.Exec(ctx, o.setupSQL); err != nil {
+			return fmt.Errorf("setup-sql: %w", err)
+		}
 	}
 	jb, err := newJoblibBench(ctx, db, &statements, o)
 	if err != nil {
@@ -103,30 +136,20 @@ func run(ctx context.Context, o options) error {
 	defer jb.close()
 	var rb *rawBench
 	if db.Dialect() == models.Postgres {
-		if rb, err = newRawBench(ctx, url, o); err != nil {
+		if rb, err = newRawBench(ctx, rurl, o); err != nil {
 			return err
 		}
 		defer rb.close()
 	}
-	var prof *os.File
 	if o.cpuprofile != "" {
-		if prof, err = os.Create(o.cpuprofile); err != nil {
+		if jb.prof, err = os.Create(o.cpuprofile); err != nil {
 			return err
 		}
-		defer prof.Close()
+		defer jb.prof.Close()
 	}
 	var jrs, rrs []result
-	for i := range o.rounds {
-		if prof != nil {
-			if err := pprof.StartCPUProfile(prof); err != nil && i == 0 {
-				return err
-			}
-		}
+	for range o.rounds {
 		jr, err := jb.round(ctx)
-		if prof != nil {
-			pprof.StopCPUProfile()
-			prof = nil // one profile: the first round
-		}
 		if err != nil {
 			return err
 		}
@@ -168,7 +191,11 @@ func summary(name string, rs []result, counted bool) float64 {
 	var claims []time.Duration
 	var stmts int64
 	var tasks int
+	var proc, machine, pg time.Duration
 	for _, r := range rs {
+		pg += r.pg
+		proc += r.proc
+		machine += r.machine
 		rates = append(rates, rate(r))
 		claims = append(claims, r.claims...)
 		stmts += r.statements
@@ -185,7 +212,8 @@ func summary(name string, rs []result, counted bool) float64 {
 	for _, r := range rs {
 		fmt.Printf(" %.0f", rate(r))
 	}
-	fmt.Printf(") claim_p50=%s claim_p99=%s statements/task=%s\n", pct(claims, 0.50), pct(claims, 0.99), per)
+	fmt.Printf(") claim_p50=%s claim_p99=%s statements/task=%s cpu/task: process=%.0fµs postgres=%.0fµs machine=%.0fµs\n", pct(claims, 0.50), pct(claims, 0.99), per,
+		float64(proc.Microseconds())/float64(tasks), float64(pg.Microseconds())/float64(tasks), float64(machine.Microseconds())/float64(tasks))
 	return med
 }
 
@@ -204,14 +232,16 @@ type joblibBench struct {
 	c          *client
 	wids       []string
 	statements *atomic.Int64
+	// prof, when set, receives a CPU profile of the first round's timed
+	// phase (claims and updates, not the submissions that fill the queue).
+	prof *os.File
 }
 
 func newJoblibBench(ctx context.Context, db *models.DB, statements *atomic.Int64, o options) (*joblibBench, error) {
-	cfg := joblib.Config{DB: db}
-	if o.notifyAfterCommit {
-		cfg.Settings = joblib.DefaultSettings()
-		cfg.Settings.NotifyAfterCommit = true
-	}
+	cfg := joblib.Config{DB: db, Settings: joblib.DefaultSettings()}
+	// Submissions fill the queue before each timed phase: no rate limit.
+	cfg.Settings.SubmitRate = 0
+	cfg.Settings.NotifyAfterCommit = o.notifyAfterCommit
 	if db.Dialect() == models.Postgres && o.bus == "pg" {
 		// As deployed: events reach other nodes by NOTIFY.
 		bus := events.NewPGBus(db.Pool, "bench", nil)
@@ -268,7 +298,13 @@ func (b *joblibBench) round(ctx context.Context) (result, error) {
 	}
 	lat := make([][]time.Duration, b.o.workers)
 	done := make([]int, b.o.workers)
+	if b.prof != nil {
+		if err := pprof.StartCPUProfile(b.prof); err != nil {
+			return result{}, err
+		}
+	}
 	s0 := b.statements.Load()
+	c0, p0 := sampleCPU(), backendCPU(ctx, "j")
 	start := time.Now()
 	for w := range b.o.workers {
 		wg.Go(func() {
@@ -297,6 +333,12 @@ func (b *joblibBench) round(ctx context.Context) (result, error) {
 	}
 	wg.Wait()
 	r := result{elapsed: time.Since(start), claims: slices.Concat(lat...), statements: b.statements.Load() - s0}
+	r.proc, r.machine = sampleCPU().since(c0)
+	r.pg = backendCPU(ctx, "j").since(p0)
+	if b.prof != nil {
+		pprof.StopCPUProfile()
+		b.prof = nil
+	}
 	if err, _ := failed.Load().(error); err != nil {
 		return result{}, err
 	}
@@ -385,6 +427,7 @@ func (b *rawBench) round(ctx context.Context) (result, error) {
 	var failed atomic.Value
 	var wg sync.WaitGroup
 	s0 := b.statements.Load()
+	c0, p0 := sampleCPU(), backendCPU(ctx, "r")
 	start := time.Now()
 	for w := range b.o.workers {
 		wg.Go(func() {
@@ -409,6 +452,8 @@ func (b *rawBench) round(ctx context.Context) (result, error) {
 	}
 	wg.Wait()
 	r := result{elapsed: time.Since(start), claims: slices.Concat(lat...), statements: b.statements.Load() - s0}
+	r.proc, r.machine = sampleCPU().since(c0)
+	r.pg = backendCPU(ctx, "r").since(p0)
 	if err, _ := failed.Load().(error); err != nil {
 		return result{}, err
 	}
@@ -479,4 +524,77 @@ func (c *client) do(method, path string, body, out any) error {
 		return json.Unmarshal(raw, out)
 	}
 	return nil
+}
+
+// cpuSample is this process's CPU time and the machine's busy CPU time
+// (all CPUs' non-idle jiffies of /proc/stat) at one moment.
+type cpuSample struct{ proc, machine time.Duration }
+
+func sampleCPU() cpuSample {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	c := cpuSample{proc: time.Duration(ru.Utime.Nano() + ru.Stime.Nano())}
+	raw, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return c
+	}
+	line, _, _ := strings.Cut(string(raw), "\n")
+	// cpu user nice system idle iowait irq softirq steal ...
+	f := strings.Fields(line)
+	var busy int64
+	for i, v := range f[1:] {
+		n, _ := strconv.ParseInt(v, 10, 64)
+		if i != 3 && i != 4 && i < 8 { // not idle, not iowait, not guest
+			busy += n
+		}
+	}
+	c.machine = time.Duration(busy) * 10 * time.Millisecond // USER_HZ = 100
+	return c
+}
+
+func (c cpuSample) since(c0 cpuSample) (proc, machine time.Duration) {
+	return c.proc - c0.proc, c.machine - c0.machine
+}
+
+// backends is a connection for reading pg_stat_activity (PostgreSQL only).
+var backends *pgx.Conn
+
+// pgTicks is the CPU time, in clock ticks, of each PostgreSQL backend of
+// one system (its application_name ends with sys).
+type pgTicks map[int]int64
+
+func backendCPU(ctx context.Context, sys string) pgTicks {
+	out := pgTicks{}
+	if backends == nil {
+		return out
+	}
+	rows, err := backends.Query(ctx, "SELECT pid FROM pg_stat_activity WHERE application_name = $1",
+		fmt.Sprintf("claimbench%d%s", os.Getpid(), sys))
+	if err != nil {
+		return out
+	}
+	pids, _ := pgx.CollectRows(rows, pgx.RowTo[int])
+	for _, pid := range pids {
+		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		// Fields after the parenthesised command: state is field 3, utime 14, stime 15.
+		_, rest, _ := strings.Cut(string(raw), ") ")
+		f := strings.Fields(rest)
+		if len(f) > 12 {
+			u, _ := strconv.ParseInt(f[11], 10, 64)
+			st, _ := strconv.ParseInt(f[12], 10, 64)
+			out[pid] = u + st
+		}
+	}
+	return out
+}
+
+func (t pgTicks) since(t0 pgTicks) time.Duration {
+	var n int64
+	for pid, v := range t {
+		n += v - t0[pid]
+	}
+	return time.Duration(n) * 10 * time.Millisecond
 }

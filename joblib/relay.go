@@ -1,0 +1,126 @@
+package joblib
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/zndraw/joblib/events"
+	"github.com/zndraw/joblib/models"
+)
+
+// The outbox relay (PostgreSQL with a TxBus): mutations write the events
+// other nodes must hear to the event outbox in their own statement or
+// transaction (see models.RelayOutbox); the relay sends what has committed.
+// It is woken after each commit that wrote to the outbox, so an event leaves
+// about one round trip after its change committed, and it also runs every
+// relayInterval, which sends what a node that died between its commit and
+// its relay left behind. Every node relays; the relays of one schema take
+// turns (a lock), so the rows go out in order.
+
+// relayInterval is how often the relay looks for rows nobody was woken for.
+const relayInterval = time.Second
+
+// relayBatch is the most rows one relay transaction sends.
+const relayBatch = 500
+
+type relay struct {
+	s    *Service
+	tb   events.TxBus
+	wake chan struct{}
+
+	once   sync.Once
+	mu     sync.Mutex
+	cancel context.CancelFunc
+	done   chan struct{}
+	// interval is relayInterval, shorter in tests.
+	interval time.Duration
+}
+
+func newRelay(s *Service) *relay {
+	tb, ok := s.bus.(events.TxBus)
+	if !ok || s.db == nil || s.db.Dialect() != models.Postgres {
+		return nil
+	}
+	return &relay{s: s, tb: tb, wake: make(chan struct{}, 1), interval: relayInterval}
+}
+
+// start runs the relay until stop; later calls do nothing.
+func (r *relay) start() {
+	if r == nil {
+		return
+	}
+	r.once.Do(func() {
+		ctx, cancel := context.WithCancel(context.Background())
+		r.mu.Lock()
+		r.cancel, r.done = cancel, make(chan struct{})
+		r.mu.Unlock()
+		go r.run(ctx)
+	})
+}
+
+// poke wakes the relay: something was written to the outbox and committed.
+func (r *relay) poke() {
+	if r == nil {
+		return
+	}
+	r.start()
+	select {
+	case r.wake <- struct{}{}:
+	default: // a wake-up is pending already; it will see this row too
+	}
+}
+
+// stop ends the relay after a last pass (what has committed goes out before
+// the process does) and waits for it.
+func (r *relay) stop() {
+	if r == nil {
+		return
+	}
+	r.once.Do(func() {}) // never start after a stop
+	r.mu.Lock()
+	cancel, done := r.cancel, r.done
+	r.cancel = nil
+	r.mu.Unlock()
+	if cancel == nil {
+		return
+	}
+	cancel()
+	<-done
+}
+
+func (r *relay) run(ctx context.Context) {
+	defer close(r.done)
+	t := time.NewTicker(r.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			r.flush(fctx)
+			cancel()
+			return
+		case <-r.wake:
+		case <-t.C:
+		}
+		r.flush(ctx)
+	}
+}
+
+// flush sends every committed outbox row, a batch at a time.
+func (r *relay) flush(ctx context.Context) {
+	for ctx.Err() == nil {
+		n, err := r.s.db.RelayOutbox(ctx, r.tb.Channel(), relayBatch)
+		if err != nil {
+			if ctx.Err() == nil {
+				// No caller to tell: the rows stay and the next pass
+				// retries them.
+				r.s.log.Error("relay event outbox", "err", err)
+			}
+			return
+		}
+		if n < relayBatch {
+			return
+		}
+	}
+}

@@ -1,0 +1,288 @@
+package joblib
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/zndraw/joblib/events"
+	"github.com/zndraw/joblib/internal/dbtest"
+	"github.com/zndraw/joblib/models"
+)
+
+// Events written to the outbox by a node that never relayed them (it died
+// right after its commits) still reach every node, each exactly once and in
+// the order they were written, while two live nodes relay at the same time
+// (the relay lock keeps their batches from overtaking each other), and the
+// outbox is empty afterwards.
+func TestRelaySendsWhatADeadNodeLeft(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := dbtest.Open(t, models.Postgres)
+	open := func(node string) (*models.DB, *events.PGBus) {
+		d, err := models.Open(ctx, db.URL(), models.OpenOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { d.Close() })
+		b := events.NewPGBus(d.Pool, node, nil)
+		if err := b.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(b.Stop)
+		return d, b
+	}
+	_, dead := open("dead")
+	dbA, busA := open("a")
+	dbB, busB := open("b")
+	_, busC := open("c")
+	var mu sync.Mutex
+	var got []string
+	all := make(chan struct{})
+	const n = 600
+	busC.Subscribe(func(e events.Emission) {
+		mu.Lock()
+		defer mu.Unlock()
+		got = append(got, e.Room)
+		if len(got) == n {
+			close(all)
+		}
+	})
+	a := New(Config{DB: dbA, Bus: busA})
+	b := New(Config{DB: dbB, Bus: busB})
+	for _, s := range []*Service{a, b} {
+		if err := s.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(s.Close)
+	}
+
+	// The dead node's commits: batches of 20 rows; the live relays are woken
+	// after each, so they run while rows are still being written.
+	want := make([]string, n)
+	for i := range want {
+		want[i] = fmt.Sprintf("r%04d", i)
+	}
+	for batch := range slices.Chunk(want, 20) {
+		err := db.Tx(ctx, func(q *models.Q) error {
+			for _, room := range batch {
+				msg, err := dead.Notification(ctx, []events.Emission{{Room: room, Event: events.JobsInvalidate{}}})
+				if err != nil {
+					return err
+				}
+				if err := q.WriteOutbox(msg); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.relay.poke()
+		b.relay.poke()
+	}
+	received := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(got)
+	}
+	select {
+	case <-all:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("node c received %d of %d events", len(received()), n)
+	}
+	// Anything sent twice would follow within a relay pass.
+	time.Sleep(200 * time.Millisecond)
+	if r := received(); !slices.Equal(r, want) {
+		t.Fatalf("node c received %d events, out of order or twice:\n%v", len(r), r)
+	}
+	var left int
+	if err := db.Pool.QueryRow(ctx, "SELECT count(*) FROM joblib_event_outbox").Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if left != 0 {
+		t.Fatalf("%d rows left in the outbox", left)
+	}
+}
+
+// A row written by a transaction that rolls back is never sent, and rows a
+// node wrote before it stops are sent by its last relay pass at Stop.
+func TestRelayRollbackAndStop(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := dbtest.Open(t, models.Postgres)
+	other, err := models.Open(ctx, db.URL(), models.OpenOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { other.Close() })
+	a := events.NewPGBus(db.Pool, "a", nil)
+	b := events.NewPGBus(other.Pool, "b", nil)
+	for _, bus := range []*events.PGBus{a, b} {
+		if err := bus.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(bus.Stop)
+	}
+	remote := newSeen()
+	b.Subscribe(remote.add)
+	s := New(Config{DB: db, Bus: a})
+	s.relay.interval = time.Hour // only pokes and Stop relay here
+	t.Cleanup(s.Close)
+
+	write := func(room string, commit bool) {
+		t.Helper()
+		msg, err := a.Notification(ctx, []events.Emission{{Room: room, Event: events.JobsInvalidate{}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = db.Tx(ctx, func(q *models.Q) error {
+			if err := q.WriteOutbox(msg); err != nil {
+				return err
+			}
+			if !commit {
+				return errTestRollback
+			}
+			return nil
+		})
+		if commit != (err == nil) {
+			t.Fatalf("write %s: %v", room, err)
+		}
+	}
+	write("rolled-back", false)
+	write("first", true)
+	s.relay.poke()
+	remote.waitFor(t, "first")
+	write("at-stop", true) // no poke: only the last pass at Stop sends it
+	s.Stop()
+	if got := remote.waitFor(t, "at-stop"); !slices.Equal(got, []string{"first", "at-stop"}) {
+		t.Fatalf("the other node received %v", got)
+	}
+}
+
+var errTestRollback = fmt.Errorf("roll back")
+
+// Tasks go through their lifecycle on two nodes at once, each step on the
+// other node than the one before (submit on A, claim on B, running on A,
+// completed on B), eight workers in parallel on the one-statement paths: a
+// third node receives every task's status events exactly once and in the
+// order of the changes, though two relays send them.
+func TestRelayKeepsEachTaskInOrderAcrossNodes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := dbtest.Open(t, models.Postgres)
+	open := func(node string) (*models.DB, *events.PGBus) {
+		d, err := models.Open(ctx, db.URL(), models.OpenOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { d.Close() })
+		b := events.NewPGBus(d.Pool, node, nil)
+		if err := b.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(b.Stop)
+		return d, b
+	}
+	dbA, busA := open("a")
+	dbB, busB := open("b")
+	_, busC := open("c")
+	st := DefaultSettings()
+	st.SubmitRate = 0
+	a := New(Config{DB: dbA, Bus: busA, Settings: st})
+	b := New(Config{DB: dbB, Bus: busB, Settings: st})
+	t.Cleanup(a.Close)
+	t.Cleanup(b.Close)
+
+	const workers, perWorker = 8, 15
+	var mu sync.Mutex
+	seen := map[string][]string{}
+	done := make(chan struct{})
+	busC.Subscribe(func(e events.Emission) {
+		ev, ok := e.Event.(events.TaskStatusEvent)
+		if !ok {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		seen[ev.ID] = append(seen[ev.ID], ev.Status)
+		n := 0
+		for _, s := range seen {
+			if len(s) >= 4 {
+				n++
+			}
+		}
+		if n == workers*perWorker && ev.Status == models.StatusCompleted {
+			select {
+			case <-done:
+			default:
+				close(done)
+			}
+		}
+	})
+
+	_, alice, err := a.CreateToken(ctx, "alice", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]uuid.UUID, workers)
+	for i := range ids {
+		w, err := a.CreateWorker(ctx, alice)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := a.RegisterJob(ctx, alice, "r", RegisterJobParams{Category: "modifiers", Name: fmt.Sprint("J", i), WorkerID: &w.ID}); err != nil {
+			t.Fatal(err)
+		}
+		ids[i] = w.ID
+	}
+	var wg sync.WaitGroup
+	for i := range workers {
+		wg.Go(func() {
+			for range perWorker {
+				if _, err := a.SubmitTask(ctx, alice, "r", fmt.Sprint("r:modifiers:J", i), nil); err != nil {
+					t.Error(err)
+					return
+				}
+				task, err := b.ClaimTask(ctx, alice, ids[i])
+				if err != nil || task == nil {
+					t.Errorf("claim: %v %v", task, err)
+					return
+				}
+				if _, err := a.UpdateTask(ctx, alice, task.ID, models.StatusRunning, nil); err != nil {
+					t.Error(err)
+					return
+				}
+				if _, err := b.UpdateTask(ctx, alice, task.ID, models.StatusCompleted, nil); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+	}
+	time.Sleep(200 * time.Millisecond) // anything sent twice would follow within a pass
+	// Fail without holding mu: a blocked subscriber would hang the bus's Stop.
+	mu.Lock()
+	heard := maps.Clone(seen)
+	mu.Unlock()
+	if len(heard) != workers*perWorker {
+		t.Fatalf("node c heard of %d tasks, want %d", len(heard), workers*perWorker)
+	}
+	want := []string{models.StatusPending, models.StatusClaimed, models.StatusRunning, models.StatusCompleted}
+	for id, got := range heard {
+		if !slices.Equal(got, want) {
+			t.Fatalf("task %s: node c received %v, want %v", id, got, want)
+		}
+	}
+}

@@ -1,0 +1,63 @@
+package models
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The event outbox (PostgreSQL). A mutation whose events other nodes must
+// hear writes their NOTIFY payloads as rows of joblib_event_outbox in its own
+// statement or transaction, with no NOTIFY there: a notifying transaction
+// holds PostgreSQL's notify-queue lock from its pre-commit to its end, WAL
+// flush included, so notifying mutations would commit one at a time. A relay
+// (RelayOutbox) then sends the committed rows with NOTIFY in id order and
+// deletes them in the same transaction: an event is sent once its change has
+// committed, never without it, and exactly once unless PostgreSQL itself
+// crashes. For two events of one task the later one's row is written after
+// the earlier one's change has committed (the task row lock orders them), so
+// its id is larger and the relay sends them in order.
+
+// WriteOutbox adds an event payload to the outbox inside the transaction.
+func (q *Q) WriteOutbox(payload string) error {
+	if q.d != Postgres {
+		return ErrNoHotPath
+	}
+	if err := q.g.Exec("INSERT INTO joblib_event_outbox (payload) VALUES (?)", payload).Error; err != nil {
+		return fmt.Errorf("write event outbox: %w", mapErr(err))
+	}
+	return nil
+}
+
+// outboxLockSQL serialises relays of one schema across nodes, so that the
+// rows go out in id order however many nodes relay.
+const outboxLockSQL = "SELECT pg_advisory_xact_lock(hashtext('joblib:outbox'), hashtext(current_schema()))"
+
+// relaySQL deletes up to $2 of the oldest committed outbox rows and sends
+// each with pg_notify on channel $1, in id order (the sort sits under the
+// aggregate, so the notifications are queued in that order).
+const relaySQL = `WITH d AS (
+	DELETE FROM joblib_event_outbox WHERE id IN (SELECT id FROM joblib_event_outbox ORDER BY id LIMIT $2)
+	RETURNING id, payload
+)
+SELECT count(pg_notify($1, s.payload)) FROM (SELECT id, payload FROM d ORDER BY id) s`
+
+// RelayOutbox sends up to limit committed outbox rows on channel and
+// deletes them, in one round trip: the relay lock and the statement go as
+// one pipeline, which PostgreSQL runs as one implicit transaction (the
+// statement's snapshot is taken after the lock is granted, so it sees every
+// row the previous relay left). It returns how many rows it sent.
+func (db *DB) RelayOutbox(ctx context.Context, channel string, limit int) (int, error) {
+	if db.Pool == nil {
+		return 0, ErrNoHotPath
+	}
+	var b pgx.Batch
+	b.Queue(outboxLockSQL)
+	var n int
+	b.Queue(relaySQL, channel, limit).QueryRow(func(r pgx.Row) error { return r.Scan(&n) })
+	if err := db.Pool.SendBatch(ctx, &b).Close(); err != nil {
+		return 0, fmt.Errorf("relay event outbox: %w", mapErr(err))
+	}
+	return n, nil
+}
