@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/zndraw/joblib/joblib"
+	"github.com/zndraw/joblib/server"
 )
 
 // TestClaimRace: 50 concurrent claimers on 2,000 tasks across 5 jobs. Exactly
@@ -18,7 +19,14 @@ func TestClaimRace(t *testing.T) {
 	t.Parallel()
 	// One user submits all 2,000 tasks as fast as it can: no rate limit.
 	unlimited := withSettings(func(s *joblib.Settings) { s.SubmitRate = 0 })
-	eachWith(t, []func(*setupOpts){unlimited}, func(t *testing.T, e *env) {
+	// The test is about accounting, not latency: on SQLite the 50 claimers
+	// queue on its one connection, and under -race on a loaded machine a
+	// claim can wait past the default write budget (a 503 the claimer would
+	// retry). A generous budget keeps the race the subject.
+	cfg := server.DefaultConfig()
+	cfg.WriteDBTimeout = 2 * time.Minute
+	patient := func(o *setupOpts) { o.serverCfg = &cfg }
+	eachWith(t, []func(*setupOpts){unlimited, patient}, func(t *testing.T, e *env) {
 		const (
 			jobs     = 5
 			perJob   = 200
