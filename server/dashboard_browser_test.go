@@ -118,6 +118,11 @@ func dashboardBrowserRun(t *testing.T, ctx context.Context, b *browser.Browser, 
 		t.Fatal(err)
 	}
 	t.Cleanup(sw.Stop)
+	lease := e.svc.NewLease(joblib.LeaseConfig{Addr: strings.TrimPrefix(e.url, "http://")})
+	if err := lease.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(lease.Stop)
 	var cleanedMu sync.Mutex
 	cleaned := map[string]time.Time{}
 	e.svc.OnCleanup(func(path string, r joblib.CleanupResult) {
@@ -232,6 +237,12 @@ func dashboardBrowserRun(t *testing.T, ctx context.Context, b *browser.Browser, 
 		e.do(alice, "PUT", api+"/rooms/r/jobs", map[string]any{"category": "modifiers", "name": "Echo", "schema": map[string]any{}, "worker_id": w1}).want(201)
 		return at
 	})
+
+	// Its socket binds it (the socket keeps it alive from now on).
+	ws := mustDialSIO(t, e.url, alice)
+	ws.mustCall("join_job_room", map[string]any{"job_name": "r:modifiers:Echo", "worker_id": w1})
+	wait(`(() => { const r = document.querySelector('#workers tr[data-worker-id="` + w1 + `"]');
+	  return r && !r.innerText.includes("REST only") && r.innerText.includes("` + e.svc.Node().ID + `"); })()`)
 
 	// 5. A task is submitted (measured from its task_status_event).
 	var task string
