@@ -305,7 +305,7 @@ const errDashboardForbidden = "The dashboard shows every user's workers and task
 
 // --- REST: the snapshot and the operator actions (superusers only)
 
-func (s *Server) routesDashboard(list, write func(http.HandlerFunc) http.HandlerFunc) {
+func (s *Server) routesDashboard(write func(http.HandlerFunc) http.HandlerFunc) {
 	m := s.mux
 	m.HandleFunc("GET "+prefix+"/dashboard", s.dbBudget(s.cfg.ReadDBTimeout, s.dashboardSnapshot))
 	m.HandleFunc("POST "+prefix+"/dashboard/tasks/{id}/retry", write(s.dashboardAction(actionRetry)))
@@ -314,7 +314,6 @@ func (s *Server) routesDashboard(list, write func(http.HandlerFunc) http.Handler
 	ui := web.Handler()
 	m.Handle("GET /ui/", http.StripPrefix("/ui", ui))
 	m.HandleFunc("GET /ui", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/ui/", http.StatusMovedPermanently) })
-	_ = list
 }
 
 // superuser authenticates the caller and answers 403 unless a superuser.

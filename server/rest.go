@@ -46,7 +46,7 @@ func (s *Server) routes() {
 	m.HandleFunc("GET "+prefix+"/tasks/{id}", s.read(s.getTask))
 	m.HandleFunc("PATCH "+prefix+"/tasks/{id}", write(s.updateTask))
 	s.routesProviders(list, write)
-	s.routesDashboard(list, write)
+	s.routesDashboard(write)
 
 	m.HandleFunc("GET /healthz", s.healthz)
 	m.HandleFunc("GET /readyz", s.readyz)
