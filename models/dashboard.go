@@ -141,7 +141,9 @@ func (q *Q) DashRoomTaskCounts() ([]RoomStatusCount, error) {
 }
 
 // DashLatestTasks returns the newest limit tasks, with status (if not
-// empty) only, newest first.
+// empty) only, newest first. Unlike the listings it does not rank queue
+// positions (a pass over the pending tasks): the dashboard shows each job's
+// queue length instead.
 func (q *Q) DashLatestTasks(status string, limit int) ([]Task, error) {
 	cond, args := "", []any{}
 	if status != "" {
@@ -149,7 +151,7 @@ func (q *Q) DashLatestTasks(status string, limit int) ([]Task, error) {
 		args = append(args, status)
 	}
 	var ts []Task
-	err := q.g.Raw(tasksSelect(cond, "ORDER BY t.seq DESC LIMIT ?")+"ORDER BY page.seq DESC", append(args, limit)...).Scan(&ts).Error
+	err := q.g.Raw("SELECT "+taskCols+" FROM tasks t LEFT JOIN jobs j ON j.id = t.job_id "+cond+" ORDER BY t.seq DESC LIMIT ?", append(args, limit)...).Scan(&ts).Error
 	if err != nil {
 		return nil, fmt.Errorf("list latest tasks: %w", mapErr(err))
 	}

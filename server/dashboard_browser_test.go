@@ -207,6 +207,22 @@ func dashboardBrowserRun(t *testing.T, ctx context.Context, b *browser.Browser, 
 	}
 	eval(watchJS, nil)
 
+	// Keyboard: from the skip link (the first stop), Tab goes to the room
+	// picker, Log out, then the first worker's Delete button.
+	eval(`(() => { document.querySelector("a.skip").focus(); return true; })()`, nil)
+	order := []string{"skip"}
+	for range 3 {
+		if err := page.Key(ctx, "Tab", 9); err != nil {
+			t.Fatal(err)
+		}
+		var f string
+		eval(`(() => { const a = document.activeElement; return a.id || a.className || a.dataset.key || a.tagName; })()`, &f)
+		order = append(order, f)
+	}
+	if want := []string{"skip", "room", "logout", "small danger"}; strings.Join(order, ",") != strings.Join(want, ",") {
+		t.Errorf("focus order %v, want %v", order, want)
+	}
+
 	var lat []string
 	measure := func(name, pred string, act func() time.Time) {
 		t.Helper()
@@ -231,7 +247,7 @@ func dashboardBrowserRun(t *testing.T, ctx context.Context, b *browser.Browser, 
 		return at
 	})
 	wait(`document.querySelector('#workers tr[data-worker-id="` + w1 + `"]')`)
-	keepAlive(t, e, alice, w1)
+	stopW1 := keepAlive(t, e, alice, w1)
 	measure("job registered", `document.querySelector('#jobs tr[data-job="r:modifiers:Echo"]')`, func() time.Time {
 		at := time.Now()
 		e.do(alice, "PUT", api+"/rooms/r/jobs", map[string]any{"category": "modifiers", "name": "Echo", "schema": map[string]any{}, "worker_id": w1}).want(201)
@@ -243,6 +259,7 @@ func dashboardBrowserRun(t *testing.T, ctx context.Context, b *browser.Browser, 
 	ws.mustCall("join_job_room", map[string]any{"job_name": "r:modifiers:Echo", "worker_id": w1})
 	wait(`(() => { const r = document.querySelector('#workers tr[data-worker-id="` + w1 + `"]');
 	  return r && !r.innerText.includes("REST only") && r.innerText.includes("` + e.svc.Node().ID + `"); })()`)
+	stopW1()
 
 	// 5. A task is submitted (measured from its task_status_event).
 	var task string
@@ -343,7 +360,26 @@ func dashboardBrowserRun(t *testing.T, ctx context.Context, b *browser.Browser, 
 	eval(`(() => { document.getElementById("cleanups-h").scrollIntoView(); return true; })()`, nil)
 	saveShot(t, ctx, page, filepath.Join(shots, "dashboard-reaped.png"))
 
-	// 10. A narrow window in the dark scheme: the same page, nothing wider
+	// 10. The socket that holds alice's worker is cut (no goodbye): after
+	// the disconnect grace the worker is cleaned with path disconnect.
+	measure("socket dropped", `document.querySelector('#cleanups tr[data-worker-id="`+w1+`"][data-path="disconnect"]') &&
+	  !document.querySelector('#workers tr[data-worker-id="`+w1+`"]')`, func() time.Time {
+		ws.drop()
+		deadline := time.Now().Add(20 * time.Second)
+		for time.Now().Before(deadline) {
+			cleanedMu.Lock()
+			c, ok := cleaned[joblib.PathDisconnect+"/"+w1]
+			cleanedMu.Unlock()
+			if ok {
+				return c
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		t.Fatalf("worker %s was not cleaned after its socket dropped", w1)
+		return time.Time{}
+	})
+
+	// 11. A narrow window in the dark scheme: the same page, nothing wider
 	// than the screen, dark background.
 	narrow, err := b.NewPage(ctx, 390, 800, "dark")
 	if err != nil {
@@ -356,7 +392,7 @@ func dashboardBrowserRun(t *testing.T, ctx context.Context, b *browser.Browser, 
 	page = narrow
 	wait(`document.body.dataset.state === "login"`)
 	login(e.admin)
-	wait(`document.body.dataset.state === "live" && document.querySelector('#workers tr[data-worker-id="` + w1 + `"]')`)
+	wait(`document.body.dataset.state === "live" && document.querySelector('#workers tr[data-worker-id="` + w0 + `"]')`)
 	var layout struct {
 		ScrollWidth, InnerWidth int
 		Bg                      string
@@ -375,10 +411,10 @@ func dashboardBrowserRun(t *testing.T, ctx context.Context, b *browser.Browser, 
 	t.Logf("%s: DOM latency after the server-side event: %s", db.Dialect(), strings.Join(lat, ", "))
 }
 
-// keepAlive heartbeats a REST worker until the test ends (the test's worker
-// timeout is 2 s).
-func keepAlive(t *testing.T, e *env, token, worker string) {
-	stop := make(chan struct{})
+// keepAlive heartbeats a REST worker until the test ends or the returned
+// function is called (the test's worker timeout is 2 s).
+func keepAlive(t *testing.T, e *env, token, worker string) (stop func()) {
+	stopc := make(chan struct{})
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -386,7 +422,7 @@ func keepAlive(t *testing.T, e *env, token, worker string) {
 		defer tk.Stop()
 		for {
 			select {
-			case <-stop:
+			case <-stopc:
 				return
 			case <-tk.C:
 			}
@@ -400,10 +436,15 @@ func keepAlive(t *testing.T, e *env, token, worker string) {
 			}
 		}
 	}()
-	t.Cleanup(func() {
-		close(stop)
-		<-done
-	})
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			close(stopc)
+			<-done
+		})
+	}
+	t.Cleanup(stop)
+	return stop
 }
 
 func saveShot(t *testing.T, ctx context.Context, p *browser.Page, path string) {

@@ -331,7 +331,6 @@ function renderTasks() {
     el("td", { class: "mono", title: t.id, text: short(t.id) }),
     el("td", { text: t.job_name }),
     el("td", {}, el("span", { class: "status st-" + t.status, text: t.status })),
-    el("td", { class: "n", text: t.queue_position ?? "" }),
     el("td", { class: "n", text: t.attempt }),
     el("td", { class: "err", text: t.error || "" }),
     el("td", {}, taskActions(t)))), room ? "no tasks in this room" : "no tasks yet");
