@@ -360,6 +360,14 @@ func dashboardBrowserRun(t *testing.T, ctx context.Context, b *browser.Browser, 
 	eval(`(() => { document.getElementById("cleanups-h").scrollIntoView(); return true; })()`, nil)
 	saveShot(t, ctx, page, filepath.Join(shots, "dashboard-reaped.png"))
 
+	// The page never polled: its only requests after loading were the one
+	// action (the retry); the snapshots came over its socket.
+	var reqs []string
+	eval(`performance.getEntriesByType("resource").map(r => r.name.replace(location.origin, "")).filter(n => !n.startsWith("/ui/"))`, &reqs)
+	if len(reqs) != 1 || !strings.HasSuffix(reqs[0], "/dashboard/tasks/"+task+"/retry") {
+		t.Errorf("the page made these requests besides its files: %v (want only the retry)", reqs)
+	}
+
 	// 10. The socket that holds alice's worker is cut (no goodbye): after
 	// the disconnect grace the worker is cleaned with path disconnect.
 	measure("socket dropped", `document.querySelector('#cleanups tr[data-worker-id="`+w1+`"][data-path="disconnect"]') &&

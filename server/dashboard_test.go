@@ -2,6 +2,8 @@ package server_test
 
 import (
 	"context"
+	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -261,4 +263,33 @@ func TestDashboardChannel(t *testing.T) {
 			t.Fatalf("%d updates after leaving", got-n)
 		}
 	})
+}
+
+// The page's files are served from the binary at /ui/ with a strict
+// Content-Security-Policy; they carry no data (the page asks for a token).
+func TestDashboardFiles(t *testing.T) {
+	e := setup(t, dbtest.Open(t, models.SQLite))
+	noFollow := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	res, err := noFollow.Get(e.url + "/ui")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != 301 || res.Header.Get("Location") != "/ui/" {
+		t.Fatalf("/ui answers %d to %q", res.StatusCode, res.Header.Get("Location"))
+	}
+	for path, ctype := range map[string]string{"/ui/": "text/html; charset=utf-8", "/ui/app.js": "text/javascript; charset=utf-8",
+		"/ui/sio.js": "text/javascript; charset=utf-8", "/ui/app.css": "text/css; charset=utf-8"} {
+		r := e.do("", "GET", path, nil).want(200)
+		if got := r.Header.Get("Content-Type"); got != ctype {
+			t.Errorf("%s: Content-Type %q, want %q", path, got, ctype)
+		}
+		if csp := r.Header.Get("Content-Security-Policy"); !strings.Contains(csp, "script-src 'self'") || !strings.Contains(csp, "frame-ancestors 'none'") {
+			t.Errorf("%s: Content-Security-Policy %q", path, csp)
+		}
+	}
+	if body := string(e.do("", "GET", "/ui/", nil).Body); !strings.Contains(body, `id="login-form"`) || strings.Contains(body, "<script>") {
+		t.Errorf("index.html: %s", body)
+	}
+	e.do("", "GET", "/ui/nope.js", nil).problem(404, "not-found")
 }
