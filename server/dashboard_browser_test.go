@@ -368,6 +368,13 @@ func dashboardBrowserRun(t *testing.T, ctx context.Context, b *browser.Browser, 
 		t.Errorf("the page made these requests besides its files: %v (want only the retry)", reqs)
 	}
 
+	// ... and was never reloaded (a reload would have lost the watcher).
+	var same bool
+	eval(`typeof window.__watch === "function" && performance.getEntriesByType("navigation").length === 1`, &same)
+	if !same {
+		t.Error("the page was reloaded")
+	}
+
 	// 10. The socket that holds alice's worker is cut (no goodbye): after
 	// the disconnect grace the worker is cleaned with path disconnect.
 	measure("socket dropped", `document.querySelector('#cleanups tr[data-worker-id="`+w1+`"][data-path="disconnect"]') &&

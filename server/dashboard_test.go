@@ -1,9 +1,13 @@
 package server_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -86,9 +90,28 @@ func TestDashboardSuperuserOnly(t *testing.T) {
 // Retry a failed task, cancel a pending one, delete a worker: each answers
 // the new state, publishes it, and leaves an audit row naming the operator.
 func TestDashboardActions(t *testing.T) {
-	each(t, func(t *testing.T, e *env) {
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		logs := &lockedBuffer{}
+		e := setup(t, db, func(o *setupOpts) { o.logger = slog.New(slog.NewJSONHandler(logs, nil)) })
 		f := newDashFixture(t, e)
 		admin := "dashboard:admin"
+		defer func() {
+			// One log line per action that went through, naming the actor.
+			n := 0
+			for _, l := range strings.Split(logs.String(), "\n") {
+				var m map[string]any
+				if json.Unmarshal([]byte(l), &m) != nil || m["msg"] != "operator action" {
+					continue
+				}
+				n++
+				if m["actor"] != "admin" || m["target"] == nil || m["action"] == nil {
+					t.Errorf("operator action log line %s", l)
+				}
+			}
+			if n != 3 {
+				t.Errorf("%d operator action log lines, want 3 (retry, cancel, delete)", n)
+			}
+		}()
 
 		// Retry: failed -> pending, attempt kept; only failed tasks.
 		r := e.do(e.admin, "POST", api+"/dashboard/tasks/"+f.failed+"/retry", nil).want(200).M()
@@ -143,6 +166,24 @@ func TestDashboardActions(t *testing.T) {
 		e.do(e.admin, "DELETE", api+"/dashboard/workers/"+f.worker, nil).problem(404, "worker-not-found")
 		e.do(e.alice, "PATCH", api+"/workers/"+f.worker, nil).problem(404, "worker-not-found")
 	})
+}
+
+// lockedBuffer is a log sink for concurrent writers.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // The snapshot shows the fleet: workers with owner and jobs, rooms with

@@ -137,7 +137,12 @@ async function join() {
       $("logout").focus();
       return;
     }
-    setConn("unavailable: " + ((a && a.detail) || "no answer"), "bad");
+    // The server could not read a snapshot (its database?): ask again.
+    setConn("unavailable: " + ((a && a.detail) || "no answer") + " — retrying", "bad");
+    const s = sock;
+    setTimeout(() => {
+      if (sock === s && s.connected) join();
+    }, 3000);
     return;
   }
   setConn("live", "ok");
