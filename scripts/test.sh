@@ -2,7 +2,8 @@
 # The one test command (README, .ci/run). It prepares everything a fresh machine lacks:
 # a running PostgreSQL with a `test` database reachable on 127.0.0.1:5432, the Node
 # Socket.IO test client (npm ci), Debian's python3-socketio, a NATS server on 127.0.0.1:4222,
-# promtool (Debian's prometheus), systemd-analyze and python3-yaml for the deploy artefacts, then runs
+# promtool (Debian's prometheus), systemd-analyze and python3-yaml for the deploy artefacts, Debian's chromium
+# for the dashboard's browser tests, then runs
 # the Go suite with -race (which also builds the static binary of the Dockerfile, deploy/deploy_test.go).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -101,11 +102,22 @@ ensure_nats() {
   return 1
 }
 
+# Debian's chromium, driven headless by the dashboard's browser tests
+# (server/dashboard_browser_test.go); JOBLIB_CHROMIUM may name another binary.
+ensure_chromium() {
+  if [ -n "${JOBLIB_CHROMIUM:-}" ] || command -v chromium >/dev/null 2>&1; then
+    return
+  fi
+  log "installing Debian's chromium"
+  apt_install chromium
+}
+
 ensure_postgres
 ensure_nats
 ensure_python_client
 ensure_node_client
 ensure_deploy_tools
+ensure_chromium
 
 export GOTOOLCHAIN=local
 log "go vet"

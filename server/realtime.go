@@ -91,6 +91,7 @@ type Realtime struct {
 	// sio.Reason*): "slow consumer" is the one operators alert on.
 	disconnects *prometheus.CounterVec
 	fwd         *forwarder
+	dash        *dashHub
 
 	mu     sync.Mutex
 	bound  map[uuid.UUID]*sio.Socket // worker -> its socket on this node
@@ -152,6 +153,8 @@ func (s *Server) NewRealtime(cfg RealtimeConfig, log *slog.Logger) *Realtime {
 		Logger:             log,
 		SessionID:          nodeSessionID(s.svc.Node().Run),
 	}, rt)
+	rt.dash = newDashHub(rt)
+	rt.startDashboard(s)
 	rt.fwd = newForwarder(s.svc, func(sid string) bool { return rt.io.Engine().Lookup(sid) != nil }, rt.io, log)
 	return rt
 }
@@ -173,6 +176,7 @@ func (rt *Realtime) Start() {
 		m.Monitor().OnGap(func(events.Gap) { rt.invalidateAll() })
 	}
 	rt.wg.Go(rt.keepAlive)
+	rt.wg.Go(rt.dash.loop)
 	rt.wg.Go(rt.recheckCredentials)
 }
 
@@ -224,6 +228,7 @@ func (rt *Realtime) DropWorkerSockets() int {
 // for a connection that is behind they are dropped rather than queued, so a
 // flood of them never disconnects a worker or a provider.
 func (rt *Realtime) deliver(e events.Emission) {
+	rt.dash.poke()
 	emit := rt.io.EmitTo
 	switch e.Event.(type) {
 	case events.TaskAvailable, events.ProviderRequest:
@@ -330,6 +335,8 @@ type ack struct {
 	Detail string `json:"detail,omitempty"`
 	// Tasks answers claim_tasks (an empty list when nothing was claimable).
 	Tasks *[]joblib.Task `json:"tasks,omitempty"`
+	// Dashboard answers join_dashboard.
+	Dashboard *DashboardView `json:"dashboard,omitempty"`
 }
 
 // OnEvent handles the client→server events of contract §5.3 plus the UI's
@@ -395,6 +402,11 @@ func (rt *Realtime) handle(ctx context.Context, s *sio.Socket, st *connState, ev
 			}
 			return rt.svc.CheckProvider(ctx, st.p, *body.ProviderName)
 		})
+	case "join_dashboard":
+		return rt.joinDashboard(ctx, s, st)
+	case "leave_dashboard":
+		s.Leave(dashboardRoom)
+		return ack{OK: true}
 	case "claim_tasks":
 		return rt.claimTasks(ctx, st, body.WorkerID, body.Limit)
 	case "join_room", "leave_room":
@@ -483,6 +495,7 @@ func (rt *Realtime) joinAsWorker(ctx context.Context, s *sio.Socket, st *connSta
 		}
 		rt.bound[wid] = s
 		rt.mu.Unlock()
+		rt.dash.poke()
 	}
 	if err := s.Join(room); err != nil {
 		return joinErrAck(err)
@@ -525,6 +538,7 @@ func errAck(err error) ack {
 // cleanup then finds nothing to do.
 func (rt *Realtime) OnDisconnect(s *sio.Socket, reason string) {
 	rt.disconnects.WithLabelValues(reason).Inc()
+	rt.dash.disconnected(reason)
 	rt.mu.Lock()
 	delete(rt.authed, s)
 	rt.mu.Unlock()

@@ -46,6 +46,7 @@ func (s *Server) routes() {
 	m.HandleFunc("GET "+prefix+"/tasks/{id}", s.read(s.getTask))
 	m.HandleFunc("PATCH "+prefix+"/tasks/{id}", write(s.updateTask))
 	s.routesProviders(list, write)
+	s.routesDashboard(write)
 
 	m.HandleFunc("GET /healthz", s.healthz)
 	m.HandleFunc("GET /readyz", s.readyz)
@@ -339,6 +340,9 @@ func (s *Server) createWorker(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out, err := s.svc.CreateWorker(r.Context(), p)
+	if err == nil {
+		s.pokeDashboard()
+	}
 	s.answer(w, r, http.StatusCreated, out, err)
 }
 

@@ -3,11 +3,13 @@ package server
 import (
 	"bytes"
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"runtime/debug"
+	"sync/atomic"
 	"time"
 
 	"github.com/zndraw/joblib/internal/jsonguard"
@@ -108,6 +110,10 @@ type Server struct {
 	rooms      *roomAuth // nil without JOBLIB_ROOM_AUTH_URL
 	mux        *http.ServeMux
 	rejections *limits.Rejections
+
+	// Set by NewRealtime: the dashboard's trigger and snapshot.
+	dashPoke     atomic.Pointer[func()]
+	dashSnapshot atomic.Pointer[func(context.Context) (*DashboardView, error)]
 }
 
 // New builds the HTTP server over a service.

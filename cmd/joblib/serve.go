@@ -160,6 +160,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 
 	srv := server.New(svc, cfg.Server, log.With("component", "http"))
 	rt := srv.NewRealtime(cfg.Realtime, log.With("component", "socketio"))
+	rt.ObserveSweeper(sweeper)
 	srv.Handle("/socket.io/", rt)
 	rt.Start()
 	reg.MustRegister(server.SocketCollector(rt), server.ForwardCollector(rt), srv.Rejections())
