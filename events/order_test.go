@@ -107,15 +107,20 @@ func BenchmarkLocalDelivery(b *testing.B) {
 	url := dbtest.URL(b, models.Postgres)
 	for _, tc := range []struct {
 		name string
-		bus  func() events.Bus
+		bus  func(testing.TB) events.Bus
 	}{
-		{"in-process", func() events.Bus { return events.NewLocalBus() }},
-		{"postgres-notify", func() events.Bus { return openPG(b, url, "bench") }},
+		{"in-process", func(testing.TB) events.Bus { return events.NewLocalBus() }},
+		{"postgres-notify", func(tb testing.TB) events.Bus { return openPG(tb, url, "bench") }},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
-			bus := tc.bus()
+			bus := tc.bus(b)
 			got := make(chan struct{}, 1)
-			bus.Subscribe(func(events.Emission) { got <- struct{}{} })
+			bus.Subscribe(func(events.Emission) {
+				select {
+				case got <- struct{}{}:
+				default:
+				}
+			})
 			ems := []events.Emission{{Room: events.Room("bench"), Event: events.JobsInvalidate{}}}
 			for b.Loop() {
 				if err := bus.Publish(context.Background(), ems); err != nil {
