@@ -173,6 +173,7 @@ func (s *Server) NewRealtime(cfg RealtimeConfig, log *slog.Logger) *Realtime {
 			HistoryBytes: cfg.RecoveryHistoryBytes,
 			Store:        sessionStore(s.svc.DB()),
 			Owner:        socketOwner,
+			Wants:        wantsOffsets,
 		},
 	}, rt)
 	rt.fwd = newForwarder(s.svc, func(sid string) bool { return rt.io.Engine().Lookup(sid) != nil }, rt.io, log)
@@ -682,6 +683,18 @@ func (rt *Realtime) keepAlive() {
 			rt.log.Error("refresh socket-bound workers", "workers", len(ids), "err", err)
 		}
 	}
+}
+
+// wantsOffsets reports whether a connecting client asked for connection
+// state recovery with "recover": true in its CONNECT auth. Only those get
+// the trailing offset argument: a python-socketio handler written as
+// `def on_event(data)` fails on an extra argument, and a UI that does not
+// look at socket.recovered refetches after every reconnection anyway.
+func wantsOffsets(auth json.RawMessage) bool {
+	var a struct {
+		Recover bool `json:"recover"`
+	}
+	return len(auth) > 0 && json.Unmarshal(auth, &a) == nil && a.Recover
 }
 
 // socketOwner names who a socket belongs to, for connection state recovery:

@@ -55,6 +55,13 @@ type RecoveryConfig struct {
 	// Handler.OnConnect succeeded, and when the socket goes away); a session
 	// is restored only for the same owner.
 	Owner func(*Socket) string
+	// Wants, if set, tells from a CONNECT's auth payload whether the
+	// client takes offsets (nil: every client does). Offsets are a trailing
+	// argument that a handler taking a fixed number of arguments (a
+	// python-socketio `def on_event(data)`) does not expect; a client that
+	// gets none is never recovered. A CONNECT that asks to recover (pid and
+	// offset) always takes them.
+	Wants func(auth json.RawMessage) bool
 	// Now is the clock of the history and of the memory store (tests).
 	Now func() time.Time
 }
@@ -273,6 +280,7 @@ func (n *Namespace) EmitToAt(room, offset, event string, args ...any) error {
 	if err != nil {
 		return err
 	}
+	var plain *engineio.Message // for members that take no offsets, built on demand
 	h := &n.hist
 	h.mu.Lock()
 	if _, dup := h.index[offset]; dup {
@@ -282,6 +290,15 @@ func (n *Namespace) EmitToAt(room, offset, event string, args ...any) error {
 	h.addLocked(histEntry{offset: offset, room: room, msg: m, size: int64(size), at: rc.Now()}, rc)
 	members := n.rooms.snapshot(room)
 	for _, sock := range *members {
+		if !sock.offsets.Load() {
+			if plain == nil {
+				if plain, err = encodeEvent(n.name, event, args, 0, false); err != nil {
+					break
+				}
+			}
+			_ = sock.queue(plain)
+			continue
+		}
 		if sock.queue(m) == nil {
 			sock.gotOffset.Store(true)
 		}
@@ -291,7 +308,7 @@ func (n *Namespace) EmitToAt(room, offset, event string, args ...any) error {
 		sock.c.conn.Flush()
 	}
 	n.rooms.release(members)
-	return nil
+	return err
 }
 
 // ResetHistory forgets every recorded broadcast: no session recovers from an
@@ -361,7 +378,9 @@ func (c *client) takeSession(sock *Socket, auth json.RawMessage) {
 		return
 	}
 	pid, offset := recoveryAuth(auth)
-	if pid == "" || offset == "" {
+	recovering := pid != "" && offset != ""
+	sock.offsets.Store(recovering || rc.Wants == nil || rc.Wants(auth))
+	if !recovering {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

@@ -265,3 +265,20 @@ func TestRecoveryConcurrentBroadcasts(t *testing.T) {
 		wantEvent(t, w2, n)
 	}
 }
+
+// TestRecoveryOptIn: with Wants set, a client that did not ask for offsets
+// gets the recorded broadcasts without one (a fixed-arity handler keeps
+// working) and is never recovered; one that asked gets them.
+func TestRecoveryOptIn(t *testing.T) {
+	t.Parallel()
+	ts, _, _ := recoveryServer(t, RecoveryConfig{Window: time.Minute, Wants: func(auth json.RawMessage) bool {
+		return strings.Contains(string(auth), `"recover":true`)
+	}})
+	plain, _ := joinRoom(t, ts, "")
+	wants, _ := joinRoom(t, ts, `{"recover":true}`)
+	emitAt(t, ts, 1, 1)
+	if got := nextPacket(plain); got != `42["ev",{"n":1}]` {
+		t.Fatalf("a client without offsets got %q", got)
+	}
+	wantEvent(t, wants, 1)
+}

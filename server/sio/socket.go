@@ -47,6 +47,7 @@ type Socket struct {
 	recovered bool            // the session was restored
 	restore   *pendingRestore // the session CONNECT asked for, until accept
 	gotOffset atomic.Bool     // a recorded broadcast was queued to it
+	offsets   atomic.Bool     // the client takes offsets (RecoveryConfig.Wants)
 }
 
 func newSocket(c *client, ns *Namespace) *Socket {

@@ -6,7 +6,8 @@
 // A UI joins a room and sees one task event; its engine is closed; tasks are
 // submitted meanwhile; it reconnects. Recovered: socket.recovered is true and
 // every missed event arrives exactly once, in order, each with its offset
-// as a trailing string argument. Fresh: recovered is false and nothing is
+// as a trailing string argument. The UI asks for recovery with
+// auth.recover = true; a second UI that does not gets no offsets. Fresh: recovered is false and nothing is
 // replayed. Either way live events flow afterwards. Prints "ok".
 import { io } from "socket.io-client";
 import assert from "node:assert/strict";
@@ -41,7 +42,11 @@ async function submit() {
   return r.body.id;
 }
 
-const ui = io(base, { auth: { token: uiToken }, transports: ["websocket"], reconnection: false });
+// A UI that asks for recovery, and one that does not (it gets no offsets).
+const ui = io(base, { auth: { token: uiToken, recover: true }, transports: ["websocket"], reconnection: false });
+const plain = io(base, { auth: { token: uiToken }, transports: ["websocket"], reconnection: false });
+const plainArgs = [];
+plain.on("task_status_event", (...args) => plainArgs.push(args.length));
 // Every pending status event, with the arguments after the payload.
 const seen = [];
 let wake = () => {};
@@ -72,6 +77,8 @@ await new Promise((resolve, reject) => {
 assert.equal(ui.recovered, false);
 const firstID = ui.id;
 assert.deepEqual(await ui.timeout(TIMEOUT).emitWithAck("join_room", { room_id: room }), { ok: true });
+await new Promise((resolve) => (plain.connected ? resolve() : plain.once("connect", resolve)));
+assert.deepEqual(await plain.timeout(TIMEOUT).emitWithAck("join_room", { room_id: room }), { ok: true });
 
 const first = await submit();
 await until(() => seen.some((e) => e.id === first), "the first event");
@@ -119,5 +126,8 @@ const want = expect === "recovered" ? [first, ...missed, last] : [first, last];
 assert.deepEqual(ids, want, "exactly once and in order");
 const offsets = seen.map((e) => e.rest[0]);
 assert.equal(new Set(offsets).size, offsets.length, "offsets are unique");
+assert.ok(plainArgs.length >= 2, "the other UI got the events");
+assert.ok(plainArgs.every((n) => n === 1), "a UI that did not ask for recovery gets no offset: " + JSON.stringify(plainArgs));
+plain.close();
 ui.close();
 console.log("ok");
