@@ -63,7 +63,7 @@ func joinRoom(t *testing.T, ts *testServer, auth string) (*wsClient, connectRepl
 	w.send("40" + auth)
 	r := readConnect(t, w.next())
 	w.send(`421["join","r"]`)
-	if got := w.next(); got != `431["joined"]` {
+	if got := nextPacket(w); got != `431["joined"]` {
 		t.Fatalf("join ack = %q", got)
 	}
 	return w, r
