@@ -174,6 +174,9 @@ func (s *Server) NewRealtime(cfg RealtimeConfig, log *slog.Logger) *Realtime {
 			Store:        sessionStore(s.svc.DB()),
 			Owner:        socketOwner,
 			Wants:        wantsOffsets,
+			// A recovered socket gets its UI rooms back; a worker's rooms
+			// come with its binding, which only a join makes.
+			KeepRoom: func(room string) bool { return strings.HasPrefix(room, events.Room("")) },
 		},
 	}, rt)
 	rt.fwd = newForwarder(s.svc, func(sid string) bool { return rt.io.Engine().Lookup(sid) != nil }, rt.io, log)

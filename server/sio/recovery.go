@@ -62,6 +62,9 @@ type RecoveryConfig struct {
 	// gets none is never recovered. A CONNECT that asks to recover (pid and
 	// offset) always takes them.
 	Wants func(auth json.RawMessage) bool
+	// KeepRoom, if set, tells which rooms a kept session restores (nil:
+	// all); the others are left as if the client had left them.
+	KeepRoom func(room string) bool
 	// Now is the clock of the history and of the memory store (tests).
 	Now func() time.Time
 }
@@ -353,7 +356,9 @@ func (c *client) saveSession(sock *Socket, reason string) {
 	}
 	sess := Session{PID: sock.pid, SID: sock.id, Rooms: make([]string, 0, len(sock.rooms))}
 	for r := range sock.rooms {
-		sess.Rooms = append(sess.Rooms, r)
+		if rc.KeepRoom == nil || rc.KeepRoom(r) {
+			sess.Rooms = append(sess.Rooms, r)
+		}
 	}
 	sock.mu.Unlock()
 	if rc.Owner != nil {
