@@ -282,3 +282,28 @@ func TestRecoveryOptIn(t *testing.T) {
 	}
 	wantEvent(t, wants, 1)
 }
+
+// TestRecoveryKeepRoom: a recovered socket gets back only the rooms KeepRoom
+// keeps.
+func TestRecoveryKeepRoom(t *testing.T) {
+	t.Parallel()
+	ts, _, store := recoveryServer(t, RecoveryConfig{Window: time.Minute, KeepRoom: func(r string) bool { return r == "r" }})
+	w, first := joinRoom(t, ts, "")
+	w.send(`421["join","other"]`)
+	if got := nextPacket(w); got != `431["joined"]` {
+		t.Fatalf("join ack = %q", got)
+	}
+	emitAt(t, ts, 1, 1)
+	wantEvent(t, w, 1)
+	dropped(t, w, store)
+	w2, _ := openWS(t, ts)
+	w2.send(`40{"pid":"` + first.PID + `","offset":"o1"}`)
+	if r := readConnect(t, w2.next()); r != first {
+		t.Fatalf("not recovered: %+v", r)
+	}
+	if err := ts.srv.EmitToAt("other", "x1", "ev", map[string]int{"n": 0}); err != nil {
+		t.Fatal(err)
+	}
+	emitAt(t, ts, 2, 2)
+	wantEvent(t, w2, 2) // not the broadcast to "other"
+}
