@@ -55,18 +55,21 @@ func encodeBatch(node, scope string, seq uint64, ems []Emission) ([]byte, error)
 
 // offsetNamer names received batches for connection state recovery. Every
 // node receives the batches of the bus in one order, so a name built from
-// the batch alone (its origin and number) is the same on every node: the
-// origin node, "s" and its sequence number or "i" and its statement id,
-// the batch's rank among consecutive batches of that statement (one
-// statement may notify several rows; a transaction's notifications are
-// contiguous in the queue), and the emission's index in the batch. Batches
-// without a number get no offsets (their emissions are not recorded for
-// recovery).
+// the batch alone is the same on every node: the origin node, "s" and its
+// sequence number or "i" and its statement id, the batch's rank among the
+// batches of that statement received so far (one statement may notify
+// several rows; a transaction's notifications reach a listener all or none),
+// and the emission's index in the batch. Batches without a number get no
+// offsets (their emissions are not recorded for recovery).
 type offsetNamer struct {
-	mu   sync.Mutex
-	last string
-	rank int
+	mu    sync.Mutex
+	ranks map[string]int
+	keys  []string // FIFO of the keys in ranks, to bound it
 }
+
+// maxNamedKeys bounds the statement keys whose rank is remembered: a
+// statement's notifications arrive together, long before this many others.
+const maxNamedKeys = 1 << 16
 
 func (n *offsetNamer) name(batch wireBatch, ems []Emission) {
 	var key string
@@ -82,12 +85,21 @@ func (n *offsetNamer) name(batch wireBatch, ems []Emission) {
 	_, _ = h.Write([]byte(batch.Node))
 	key = strconv.FormatUint(uint64(h.Sum32()), 36) + "-" + key
 	n.mu.Lock()
-	if key == n.last {
-		n.rank++
-	} else {
-		n.last, n.rank = key, 0
+	if n.ranks == nil {
+		n.ranks = map[string]int{}
 	}
-	base := key + "-" + strconv.Itoa(n.rank) + "-"
+	rank, seen := n.ranks[key]
+	if seen {
+		rank++
+	} else {
+		n.keys = append(n.keys, key)
+		if len(n.keys) > maxNamedKeys {
+			delete(n.ranks, n.keys[0])
+			n.keys = n.keys[1:]
+		}
+	}
+	n.ranks[key] = rank
+	base := key + "-" + strconv.Itoa(rank) + "-"
 	n.mu.Unlock()
 	for i := range ems {
 		ems[i].Offset = base + strconv.Itoa(i)

@@ -271,8 +271,8 @@ func recoverable(reason string) bool {
 // enabled and a non-empty offset, the offset is sent as the event's last
 // argument and the packet is recorded under it for Window, to be replayed to
 // a member of room that recovers its session with an earlier offset.
-// Offsets must be unique; a broadcast whose offset is already recorded is
-// not sent again. Recorded broadcasts of a namespace are queued one at a
+// Offsets should be unique; a broadcast whose offset is already recorded is
+// sent without one and not recorded. Recorded broadcasts of a namespace are queued one at a
 // time, in the order they are recorded.
 func (n *Namespace) EmitToAt(room, offset, event string, args ...any) error {
 	rc := &n.srv.rc
@@ -287,8 +287,10 @@ func (n *Namespace) EmitToAt(room, offset, event string, args ...any) error {
 	h := &n.hist
 	h.mu.Lock()
 	if _, dup := h.index[offset]; dup {
+		// Not recorded twice: sent without an offset, like an event no
+		// client can recover.
 		h.mu.Unlock()
-		return nil
+		return n.EmitTo(room, event, args...)
 	}
 	h.addLocked(histEntry{offset: offset, room: room, msg: m, size: int64(size), at: rc.Now()}, rc)
 	members := n.rooms.snapshot(room)
