@@ -173,6 +173,10 @@ type history struct {
 	bytes   int64
 }
 
+// histEntryOverhead is what an entry costs besides its packet's bytes (the
+// entry, its message, its index key), counted against HistoryBytes.
+const histEntryOverhead = 160
+
 type histEntry struct {
 	offset string
 	room   string
@@ -191,7 +195,7 @@ func (h *history) addLocked(e histEntry, rc *RecoveryConfig) {
 	}
 	h.index[e.offset] = h.first + uint64(len(h.entries))
 	h.entries = append(h.entries, e)
-	h.bytes += e.size
+	h.bytes += e.size + histEntryOverhead
 	h.trimLocked(e.at, rc)
 }
 
@@ -199,7 +203,7 @@ func (h *history) trimLocked(now time.Time, rc *RecoveryConfig) {
 	cut := now.Add(-rc.Window)
 	n := 0
 	for n < len(h.entries) && (h.entries[n].at.Before(cut) || h.bytes > rc.HistoryBytes) {
-		h.bytes -= h.entries[n].size
+		h.bytes -= h.entries[n].size + histEntryOverhead
 		delete(h.index, h.entries[n].offset)
 		h.entries[n] = histEntry{}
 		n++

@@ -167,7 +167,7 @@ func TestRecoveryFreshSession(t *testing.T) {
 		{"past the window", RecoveryConfig{Window: time.Minute}, 1, time.Minute + time.Second, "o2"},
 		{"just within the window", RecoveryConfig{Window: time.Minute}, 1, time.Minute - time.Second, "o2"},
 		{"an offset never sent", RecoveryConfig{Window: time.Minute}, 1, 0, "nope"},
-		{"history bytes bound dropped the offset", RecoveryConfig{Window: time.Minute, HistoryBytes: 4 * 20}, 5, 0, "o2"},
+		{"history bytes bound dropped the offset", RecoveryConfig{Window: time.Minute, HistoryBytes: 4 * (20 + histEntryOverhead)}, 5, 0, "o2"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
