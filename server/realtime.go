@@ -205,8 +205,8 @@ func (rt *Realtime) Start() {
 		})
 	}
 	rt.wg.Go(rt.keepAlive)
-	if rt.cfg.RecoveryWindow > 0 && rt.svc.DB().Pool != nil {
-		rt.wg.Go(rt.purgeSessions)
+	if rt.cfg.RecoveryWindow > 0 {
+		rt.wg.Go(rt.purgeRecovery)
 	}
 	rt.wg.Go(rt.recheckCredentials)
 }
@@ -745,17 +745,22 @@ func (d dbSessionStore) Take(ctx context.Context, pid string) (sio.Session, bool
 	return s, true, nil
 }
 
-// purgeSessions deletes expired socket sessions from the database once per
-// recovery window (at most once a minute), whether or not sockets
-// disconnect meanwhile.
-func (rt *Realtime) purgeSessions() {
-	t := time.NewTicker(min(rt.cfg.RecoveryWindow, time.Minute))
+// purgeRecovery drops the recorded room events past the recovery window and
+// deletes expired socket sessions from the database (PostgreSQL) every
+// quarter window (at most every 30 s), whether or not anything happens
+// meanwhile: an idle node lets go of them.
+func (rt *Realtime) purgeRecovery() {
+	t := time.NewTicker(min(rt.cfg.RecoveryWindow/4, 30*time.Second))
 	defer t.Stop()
 	for {
 		select {
 		case <-rt.stop:
 			return
 		case <-t.C:
+		}
+		rt.io.Namespace("/").TrimHistory()
+		if rt.svc.DB().Pool == nil {
+			continue
 		}
 		ctx, cancel := context.WithTimeout(rt.ctx, 10*time.Second)
 		_, err := rt.svc.DB().PurgeSocketSessions(ctx)

@@ -333,6 +333,22 @@ func (n *Namespace) ResetHistory() {
 	n.hist.bytes = 0
 }
 
+// TrimHistory drops the recorded broadcasts past the window or the bounds
+// now (recording does it too; call it on a timer so that an idle namespace
+// lets go of them).
+func (n *Namespace) TrimHistory() {
+	rc := &n.srv.rc
+	if rc.Window <= 0 {
+		return
+	}
+	n.hist.mu.Lock()
+	defer n.hist.mu.Unlock()
+	n.hist.trimLocked(rc.Now(), rc)
+	if len(n.hist.entries) == 0 {
+		n.hist.entries, n.hist.index = nil, nil
+	}
+}
+
 // HistoryLen is the number of recorded broadcasts the namespace holds.
 func (n *Namespace) HistoryLen() int {
 	n.hist.mu.Lock()

@@ -307,3 +307,22 @@ func TestRecoveryKeepRoom(t *testing.T) {
 	emitAt(t, ts, 2, 2)
 	wantEvent(t, w2, 2) // not the broadcast to "other"
 }
+
+// TestRecoveryHistoryTrimmedWhenIdle: recorded broadcasts past the window go
+// on TrimHistory, without a new broadcast.
+func TestRecoveryHistoryTrimmedWhenIdle(t *testing.T) {
+	t.Parallel()
+	ts, clock, _ := recoveryServer(t, RecoveryConfig{Window: time.Minute})
+	emitAt(t, ts, 1, 3)
+	ns := ts.srv.Namespace("/")
+	clock.advance(30 * time.Second)
+	ns.TrimHistory()
+	if n := ns.HistoryLen(); n != 3 {
+		t.Fatalf("within the window: %d recorded, want 3", n)
+	}
+	clock.advance(31 * time.Second)
+	ns.TrimHistory()
+	if n := ns.HistoryLen(); n != 0 {
+		t.Fatalf("past the window: %d recorded, want 0", n)
+	}
+}
