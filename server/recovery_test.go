@@ -1,11 +1,14 @@
 package server_test
 
 import (
+	"cmp"
 	"context"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/zndraw/joblib/events"
 	"github.com/zndraw/joblib/internal/dbtest"
 	"github.com/zndraw/joblib/models"
@@ -60,4 +63,36 @@ func TestNodeClientRecoveryOnAnotherNode(t *testing.T) {
 	t.Parallel()
 	a, b := twoNodes(t)
 	runRecovery(t, a, b.url, "rec-ab", "recovered")
+}
+
+// TestNodeClientRecoveryOnAnotherNodeNATS: the same with the NATS bus (one
+// NATS server: one order on its subject), sessions in PostgreSQL.
+func TestNodeClientRecoveryOnAnotherNodeNATS(t *testing.T) {
+	t.Parallel()
+	url := dbtest.URL(t, models.Postgres)
+	natsURL := cmp.Or(os.Getenv("JOBLIB_TEST_NATS_URL"), "nats://127.0.0.1:4222")
+	subject := "joblib.test." + uuid.NewString()
+	node := func(name string) (*models.DB, events.Bus) {
+		db, err := models.Open(context.Background(), url, models.OpenOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { db.Close() })
+		if _, err := db.Migrate(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		bus := events.NewNATSBus(natsURL, subject, name, nil)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := bus.Start(ctx); err != nil {
+			t.Fatalf("%v (run: bash scripts/test.sh, which starts nats-server)", err)
+		}
+		t.Cleanup(bus.Stop)
+		return db, bus
+	}
+	dbA, busA := node("na")
+	dbB, busB := node("nb")
+	a := setup(t, dbA, withBus(busA), withRealtime(realtimeCfg()))
+	b := setupShared(t, dbB, busB, a)
+	runRecovery(t, a, b.url, "rec-nats", "recovered")
 }
