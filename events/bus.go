@@ -2,7 +2,11 @@ package events
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"strconv"
 	"sync"
+	"sync/atomic"
 )
 
 // Bus delivers committed emissions to subscribers (the Socket.IO hub, the
@@ -34,7 +38,10 @@ type TxBus interface {
 	// Frame describes a one-event batch to a statement that builds the
 	// payload from the row it changes (see NotifyFrame).
 	Frame(eventName string) NotifyFrame
-	// Deliver hands ems to this node's subscribers only.
+	// Deliver is called with the emissions after the commit. Buses that
+	// deliver to this node's subscribers from their own stream (PGBus: every
+	// node, the originating one included, delivers in the NOTIFY queue's
+	// single order) do nothing here.
 	Deliver(ems []Emission)
 }
 
@@ -50,19 +57,39 @@ type LocalBus struct {
 	mu   sync.RWMutex
 	next int
 	subs map[int]func(Emission)
+
+	// Offsets of published emissions: a random prefix per bus (so that an
+	// offset of an earlier process never names an emission of this one) and
+	// a counter.
+	offOnce   sync.Once
+	offPrefix string
+	offSeq    atomic.Uint64
 }
 
 // NewLocalBus returns an empty in-process bus.
 func NewLocalBus() *LocalBus { return &LocalBus{} }
 
-// Publish implements Bus.
+// Publish implements Bus: it names each emission with an offset of this bus
+// and delivers it to the subscribers.
 func (b *LocalBus) Publish(_ context.Context, ems []Emission) error {
-	b.Deliver(ems)
+	b.offOnce.Do(func() {
+		var r [4]byte
+		_, _ = rand.Read(r[:])
+		b.offPrefix = hex.EncodeToString(r[:]) + "-"
+	})
+	named := make([]Emission, len(ems))
+	for i, e := range ems {
+		if e.Offset == "" {
+			e.Offset = b.offPrefix + strconv.FormatUint(b.offSeq.Add(1), 36)
+		}
+		named[i] = e
+	}
+	b.Deliver(named)
 	return nil
 }
 
-// Deliver hands emissions to this node's subscribers only. Multi-node buses
-// use it for what they receive from other nodes.
+// Deliver hands emissions to this node's subscribers only, as they are.
+// Multi-node buses use it for what they receive from their stream.
 func (b *LocalBus) Deliver(ems []Emission) {
 	b.mu.RLock()
 	defer b.mu.RUnlock()

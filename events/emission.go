@@ -8,6 +8,11 @@ import (
 type Emission struct {
 	Room  string
 	Event Event
+	// Offset names the emission in the delivery order every node of the
+	// deployment shares (set by the bus when it delivers; empty when the
+	// emission has no such name). Socket.IO connection state recovery sends
+	// it to clients and replays what follows it.
+	Offset string
 }
 
 // Payload is the JSON object sent as the event's single argument.

@@ -17,8 +17,9 @@ const DefaultSubject = "joblib.events"
 
 // NATSBus is the multi-node Bus over a NATS server, for deployments whose
 // event rate outgrows PostgreSQL NOTIFY (every NOTIFY takes a global lock at
-// commit). Emissions are delivered to this node's subscribers at once and
-// published, after commit, on one subject. NATS core delivery is
+// commit). Emissions are published, after commit, on one subject, and every
+// node, the publishing one included, delivers them as its subscription
+// receives them: in the one order the NATS server gives the subject. NATS core delivery is
 // at-most-once: batches carry per-node sequence numbers, and a gap or a
 // reconnect is reported through Monitor so that clients refetch.
 type NATSBus struct {
@@ -30,6 +31,7 @@ type NATSBus struct {
 
 	mon   Monitor
 	track *seqTracker
+	names offsetNamer
 
 	pubMu sync.Mutex // numbers and sends in one order
 	seq   uint64
@@ -129,12 +131,12 @@ func (b *NATSBus) Stop() {
 	nc.Close()
 }
 
-// Publish implements Bus: local subscribers first, then the other nodes.
+// Publish implements Bus: one message on the subject, which every node
+// (this one included) delivers.
 func (b *NATSBus) Publish(ctx context.Context, ems []Emission) error {
 	if len(ems) == 0 {
 		return nil
 	}
-	b.Deliver(ems)
 	b.mu.Lock()
 	nc := b.nc
 	b.mu.Unlock()
@@ -160,10 +162,7 @@ func (b *NATSBus) receive(m *nats.Msg) {
 		b.log.Warn("undecodable event batch", "err", err)
 		return
 	}
-	if batch.Node == b.node {
-		return
-	}
-	receiveBatch(batch, b.LocalBus, b.track, &b.mon, b.log)
+	receiveBatch(batch, b.LocalBus, &b.names, b.track, &b.mon, b.log)
 }
 
 var _ Bus = (*NATSBus)(nil)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,9 +16,13 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// PGBus is the multi-node Bus: emissions are delivered to this node's
-// subscribers at once and sent to the other nodes with PostgreSQL NOTIFY on
-// one channel. Batches too large for a NOTIFY payload are stored in an
+// PGBus is the multi-node Bus: emissions are sent with PostgreSQL NOTIFY on
+// one channel, and every node, the originating one included, delivers them
+// to its subscribers as its LISTEN connection receives them. PostgreSQL
+// queues notifications in commit order, so every node delivers the same
+// emissions in the same order (which is what lets an offset of one node
+// name the same point on another, and keeps a task's status events in
+// commit order). Batches too large for a NOTIFY payload are stored in an
 // unlogged spill table and referenced by id. Delivery between nodes is
 // at-most-once (NOTIFY has no replay while a listener reconnects); the
 // state itself is always in the database, and the events only say
@@ -36,6 +41,8 @@ type PGBus struct {
 
 	mon   Monitor
 	seqs  sequencer
+	ids   atomic.Uint64 // statement batch ids (Frame)
+	names offsetNamer
 	track *seqTracker
 	// scope is the schema this deployment lives in (see wireBatch.Scope).
 	scope string
@@ -68,8 +75,8 @@ const (
 	DefaultSpillCleanInterval = time.Minute
 )
 
-// NewPGBus builds a bus over pool; node must be unique per running process
-// (its own messages are skipped on receipt). Call Start before publishing.
+// NewPGBus builds a bus over pool; node must be unique per running process.
+// Call Start before publishing.
 func NewPGBus(pool *pgxpool.Pool, node string, log *slog.Logger) *PGBus {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -165,14 +172,13 @@ func (b *PGBus) Stop() {
 	<-cleaned
 }
 
-// Publish implements Bus for emissions that no transaction produced: local
-// subscribers first, then the other nodes with a NOTIFY of its own.
+// Publish implements Bus for emissions that no transaction produced: one
+// NOTIFY of its own, which every node (this one included) delivers.
 // Mutations use Notification inside their transaction instead.
 func (b *PGBus) Publish(ctx context.Context, ems []Emission) error {
 	if len(ems) == 0 {
 		return nil
 	}
-	b.Deliver(ems)
 	msg, err := b.Notification(ctx, ems)
 	if err != nil {
 		return err
@@ -184,6 +190,10 @@ func (b *PGBus) Publish(ctx context.Context, ems []Emission) error {
 	}
 	return nil
 }
+
+// Deliver implements TxBus. It does nothing: this node's subscribers get the
+// emissions from the LISTEN connection, in the order every node shares.
+func (b *PGBus) Deliver([]Emission) {}
 
 // Channel implements TxBus: the NOTIFY channel of this bus's nodes.
 func (b *PGBus) Channel() string {
@@ -218,14 +228,15 @@ func (b *PGBus) Notification(ctx context.Context, ems []Emission) (string, error
 // Frame implements TxBus: a one-event batch is exactly
 // prefix + JSON(room) + middle + payload + suffix, so a statement can build
 // the NOTIFY payload from the row it changes. Statements whose payload may
-// reach maxNotify must use Notification instead.
+// reach maxNotify must use Notification instead. Each call names a new
+// statement batch (the prefix carries its id): call it once per statement.
 func (b *PGBus) Frame(eventName string) NotifyFrame {
 	node, _ := json.Marshal(b.node)
 	scope, _ := json.Marshal(b.scope)
 	name, _ := json.Marshal(eventName)
 	return NotifyFrame{
 		Channel: b.Channel(),
-		Prefix:  `{"n":` + string(node) + `,"d":` + string(scope) + `,"e":[{"r":`,
+		Prefix:  `{"n":` + string(node) + `,"d":` + string(scope) + `,"i":` + strconv.FormatUint(b.ids.Add(1), 10) + `,"e":[{"r":`,
 		Middle:  `,"t":` + string(name) + `,"p":`,
 		Suffix:  `}]}`,
 	}
@@ -320,7 +331,7 @@ func (b *PGBus) receive(ctx context.Context, payload string) {
 		b.log.Warn("undecodable event batch", "err", err)
 		return
 	}
-	if batch.Node == b.node || batch.Scope != b.scope {
+	if batch.Scope != b.scope {
 		return
 	}
 	if batch.Ref != 0 {
@@ -336,7 +347,7 @@ func (b *PGBus) receive(ctx context.Context, payload string) {
 			return
 		}
 	}
-	receiveBatch(batch, b.LocalBus, b.track, &b.mon, b.log)
+	receiveBatch(batch, b.LocalBus, &b.names, b.track, &b.mon, b.log)
 }
 
 var _ TxBus = (*PGBus)(nil)

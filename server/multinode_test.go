@@ -3,6 +3,7 @@ package server_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -185,4 +186,73 @@ func pgNode(t *testing.T, url, name string) (*models.DB, *events.PGBus) {
 	}
 	t.Cleanup(bus.Stop)
 	return db, bus
+}
+
+// TestTwoNodesDeliverInCommitOrder: submits on one node racing claims and
+// status changes on the other, from several clients at once. Both nodes
+// deliver every event in the same order, and each task's status events in
+// the order of its transitions (before, the submitting node delivered its
+// own events right after commit, which a claim committed just after could
+// overtake).
+func TestTwoNodesDeliverInCommitOrder(t *testing.T) {
+	t.Parallel()
+	a, b := twoNodes(t)
+	wid := a.registerJob(a.alice, "co", "modifiers", "Job")["worker_id"].(string)
+	a.rec.take()
+	b.rec.take()
+	const clients, perClient = 4, 8
+	var wg sync.WaitGroup
+	for range clients {
+		wg.Go(func() {
+			for range perClient {
+				a.submit(a.bob, "co", "co:modifiers:Job", nil)
+				task := b.claim(b.alice, wid)
+				if task == nil {
+					continue // another client claimed it; it moves that one on
+				}
+				id := task["id"].(string)
+				a.patch(a.alice, id, "running")
+				b.patch(b.alice, id, "completed")
+			}
+		})
+	}
+	wg.Wait()
+	for range clients * perClient { // whatever is left pending
+		task := a.claim(a.alice, wid)
+		if task == nil {
+			break
+		}
+		a.patch(a.alice, task["id"].(string), "completed")
+	}
+	statuses := func(e *env) []events.Emission {
+		var got []events.Emission
+		waitFor(t, 10*time.Second, func() bool {
+			got = append(got, of(e.rec.take(), "task_status_event")...)
+			n := 0
+			for _, em := range got {
+				if em.Event.(events.TaskStatusEvent).Status == "completed" {
+					n++
+				}
+			}
+			return n == clients*perClient
+		})
+		return got
+	}
+	onA, onB := statuses(a), statuses(b)
+	if len(onA) != len(onB) {
+		t.Fatalf("node A delivered %d status events, node B %d", len(onA), len(onB))
+	}
+	rank := map[string]int{"pending": 0, "claimed": 1, "running": 2, "completed": 3}
+	last := map[string]int{}
+	for i := range onA {
+		ea, eb := onA[i].Event.(events.TaskStatusEvent), onB[i].Event.(events.TaskStatusEvent)
+		if ea.ID != eb.ID || ea.Status != eb.Status || onA[i].Offset != onB[i].Offset {
+			t.Fatalf("#%d: node A delivered %s %s (%s), node B %s %s (%s)", i, ea.ID, ea.Status, onA[i].Offset, eb.ID, eb.Status, onB[i].Offset)
+		}
+		r, seen := last[ea.ID]
+		if seen && rank[ea.Status] <= r {
+			t.Fatalf("task %s: %s delivered after %s", ea.ID, ea.Status, []string{"pending", "claimed", "running", "completed"}[r])
+		}
+		last[ea.ID] = rank[ea.Status]
+	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/zndraw/joblib/events"
 	"github.com/zndraw/joblib/joblib"
+	"github.com/zndraw/joblib/models"
 	"github.com/zndraw/joblib/server/sio"
 )
 
@@ -62,6 +63,19 @@ type RealtimeConfig struct {
 	// for one connection; more are dropped (the worker claims, the reader
 	// retries), never disconnecting it.
 	MaxHints int `env:"SOCKET_MAX_HINTS" envDefault:"32"`
+	// RecoveryWindow is how long a UI that lost its connection may recover
+	// it (socket.io-client ≥ 4.6 connection state recovery): same socket
+	// id and rooms, and the room events it missed replayed in order. 0
+	// disables recovery.
+	RecoveryWindow time.Duration `env:"SOCKET_RECOVERY_WINDOW" envDefault:"2m"`
+	// RecoveryMaxPackets and RecoveryMaxBytes bound what one socket may
+	// have replayed; a UI that missed more gets a fresh session (and
+	// refetches). RecoveryMaxPackets stays below SendQueue.
+	RecoveryMaxPackets int   `env:"SOCKET_RECOVERY_MAX_PACKETS" envDefault:"1000"`
+	RecoveryMaxBytes   int64 `env:"SOCKET_RECOVERY_MAX_BYTES" envDefault:"4194304"`
+	// RecoveryHistoryBytes bounds the room events this node keeps to
+	// replay (oldest dropped first).
+	RecoveryHistoryBytes int64 `env:"SOCKET_RECOVERY_HISTORY_BYTES" envDefault:"67108864"`
 }
 
 // DefaultRealtimeConfig returns the documented defaults.
@@ -71,6 +85,7 @@ func DefaultRealtimeConfig() RealtimeConfig {
 		MaxMessageBytes: 1_000_000, SendQueue: 1024, ConnectTimeout: 20 * time.Second,
 		MaxAttachments: 64, MaxEventBytes: 10_000_000, MaxEventDepth: 64, MaxRooms: 1000,
 		MaxSessions: 100_000, MaxSessionsPerAddr: 1000, MaxHints: 32,
+		RecoveryWindow: 2 * time.Minute, RecoveryMaxPackets: 1000, RecoveryMaxBytes: 4 << 20, RecoveryHistoryBytes: 64 << 20,
 	}
 }
 
@@ -152,6 +167,18 @@ func (s *Server) NewRealtime(cfg RealtimeConfig, log *slog.Logger) *Realtime {
 		RejectAck:          rejectAck,
 		Logger:             log,
 		SessionID:          nodeSessionID(s.svc.Node().Run),
+		Recovery: sio.RecoveryConfig{
+			Window:       cfg.RecoveryWindow,
+			MaxPackets:   cfg.RecoveryMaxPackets,
+			MaxBytes:     cfg.RecoveryMaxBytes,
+			HistoryBytes: cfg.RecoveryHistoryBytes,
+			Store:        sessionStore(s.svc.DB()),
+			Owner:        socketOwner,
+			Wants:        wantsOffsets,
+			// A recovered socket gets its UI rooms back; a worker's rooms
+			// come with its binding, which only a join makes.
+			KeepRoom: func(room string) bool { return strings.HasPrefix(room, events.Room("")) },
+		},
 	}, rt)
 	rt.dash = newDashHub(rt)
 	rt.startDashboard(s)
@@ -173,10 +200,18 @@ func (rt *Realtime) IO() *sio.Server { return rt.io }
 func (rt *Realtime) Start() {
 	rt.unsub = rt.svc.Bus().Subscribe(rt.deliver)
 	if m, ok := rt.svc.Bus().(events.Monitored); ok {
-		m.Monitor().OnGap(func(events.Gap) { rt.invalidateAll() })
+		m.Monitor().OnGap(func(events.Gap) {
+			// What this node records to replay has a hole now: no
+			// session may be recovered from an offset before it.
+			rt.io.Namespace("/").ResetHistory()
+			rt.invalidateAll()
+		})
 	}
 	rt.wg.Go(rt.keepAlive)
 	rt.wg.Go(rt.dash.loop)
+	if rt.cfg.RecoveryWindow > 0 {
+		rt.wg.Go(rt.purgeRecovery)
+	}
 	rt.wg.Go(rt.recheckCredentials)
 }
 
@@ -226,15 +261,24 @@ func (rt *Realtime) DropWorkerSockets() int {
 // Socket.IO server enqueues on each member's bounded queue. task_available
 // and provider_request are hints (the worker claims, the reader retries):
 // for a connection that is behind they are dropped rather than queued, so a
-// flood of them never disconnects a worker or a provider.
+// flood of them never disconnects a worker or a provider. The events of UI
+// rooms ("room:...") carry their bus offset as a trailing argument and are
+// recorded for connection state recovery; the workers' rooms get no offset
+// (their clients do not recover: they rejoin and claim).
 func (rt *Realtime) deliver(e events.Emission) {
 	rt.dash.poke()
-	emit := rt.io.EmitTo
+	var err error
 	switch e.Event.(type) {
 	case events.TaskAvailable, events.ProviderRequest:
-		emit = rt.io.EmitHintTo
+		err = rt.io.EmitHintTo(e.Room, e.Event.EventName(), e.Payload())
+	default:
+		if e.Offset != "" && strings.HasPrefix(e.Room, events.Room("")) {
+			err = rt.io.EmitToAt(e.Room, e.Offset, e.Event.EventName(), e.Payload())
+		} else {
+			err = rt.io.EmitTo(e.Room, e.Event.EventName(), e.Payload())
+		}
 	}
-	if err := emit(e.Room, e.Event.EventName(), e.Payload()); err != nil {
+	if err != nil {
 		rt.log.Error("deliver event", "event", e.Event.EventName(), "room", e.Room, "err", err)
 	}
 }
@@ -654,6 +698,89 @@ func (rt *Realtime) keepAlive() {
 		}
 		if _, err := rt.svc.KeepAlive(rt.ctx, ids); err != nil && !errors.Is(err, context.Canceled) {
 			rt.log.Error("refresh socket-bound workers", "workers", len(ids), "err", err)
+		}
+	}
+}
+
+// wantsOffsets reports whether a connecting client asked for connection
+// state recovery with "recover": true in its CONNECT auth. Only those get
+// the trailing offset argument: a python-socketio handler written as
+// `def on_event(data)` fails on an extra argument, and a UI that does not
+// look at socket.recovered refetches after every reconnection anyway.
+func wantsOffsets(auth json.RawMessage) bool {
+	var a struct {
+		Recover bool `json:"recover"`
+	}
+	return len(auth) > 0 && json.Unmarshal(auth, &a) == nil && a.Recover
+}
+
+// socketOwner names who a socket belongs to, for connection state recovery:
+// a session is restored only to the same user (or to another anonymous
+// reader).
+func socketOwner(s *sio.Socket) string {
+	st, _ := s.Data().(*connState)
+	switch {
+	case st == nil:
+		return ""
+	case st.anon:
+		return "anonymous"
+	}
+	return st.p.ID.String()
+}
+
+// sessionStore is where disconnected sockets' sessions are kept: the
+// database on PostgreSQL (any node may recover them), else memory.
+func sessionStore(db *models.DB) sio.SessionStore {
+	if db != nil && db.Pool != nil {
+		return dbSessionStore{db}
+	}
+	return nil
+}
+
+type dbSessionStore struct{ db *models.DB }
+
+func (d dbSessionStore) Save(ctx context.Context, s sio.Session, ttl time.Duration) error {
+	rooms, err := json.Marshal(s.Rooms)
+	if err != nil {
+		return err
+	}
+	return d.db.SaveSocketSession(ctx, models.SocketSession{PID: s.PID, SID: s.SID, Rooms: string(rooms), Owner: s.Owner}, ttl)
+}
+
+func (d dbSessionStore) Take(ctx context.Context, pid string) (sio.Session, bool, error) {
+	ms, ok, err := d.db.TakeSocketSession(ctx, pid)
+	if err != nil || !ok {
+		return sio.Session{}, false, err
+	}
+	s := sio.Session{PID: ms.PID, SID: ms.SID, Owner: ms.Owner}
+	if err := json.Unmarshal([]byte(ms.Rooms), &s.Rooms); err != nil {
+		return sio.Session{}, false, fmt.Errorf("read socket session rooms: %w", err)
+	}
+	return s, true, nil
+}
+
+// purgeRecovery drops the recorded room events past the recovery window and
+// deletes expired socket sessions from the database (PostgreSQL) every
+// quarter window (at most every 30 s), whether or not anything happens
+// meanwhile: an idle node lets go of them.
+func (rt *Realtime) purgeRecovery() {
+	t := time.NewTicker(min(rt.cfg.RecoveryWindow/4, 30*time.Second))
+	defer t.Stop()
+	for {
+		select {
+		case <-rt.stop:
+			return
+		case <-t.C:
+		}
+		rt.io.Namespace("/").TrimHistory()
+		if rt.svc.DB().Pool == nil {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(rt.ctx, 10*time.Second)
+		_, err := rt.svc.DB().PurgeSocketSessions(ctx)
+		cancel()
+		if err != nil && rt.ctx.Err() == nil {
+			rt.log.Warn("purge socket sessions", "err", err)
 		}
 	}
 }

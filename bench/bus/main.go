@@ -174,7 +174,7 @@ func measure(ctx context.Context, o options, kind string, perNodeRate int) (resu
 		n.bus.Subscribe(func(events.Emission) { n.received.Add(1) })
 		nodes = append(nodes, n)
 	}
-	// Everyone receives every event once: its own locally, the others' over the bus.
+	// Everyone receives every event once, its own included, from the bus.
 	want := int64(o.nodes * o.events)
 	start := time.Now()
 	var wg sync.WaitGroup

@@ -123,6 +123,9 @@ func (c Config) validate() error {
 		r.MaxRooms <= 0 || r.MaxSessions <= 0 || r.MaxSessionsPerAddr <= 0 || r.MaxHints <= 0 {
 		return errors.New("JOBLIB_SOCKET_CONNECT_TIMEOUT, _MAX_ATTACHMENTS, _MAX_EVENT_BYTES, _MAX_JSON_DEPTH, _MAX_ROOMS, _MAX_SESSIONS, _MAX_SESSIONS_PER_ADDR and _MAX_HINTS must be positive")
 	}
+	if r := c.Realtime; r.RecoveryWindow < 0 || r.RecoveryMaxPackets <= 0 || r.RecoveryMaxBytes <= 0 || r.RecoveryHistoryBytes <= 0 {
+		return errors.New("JOBLIB_SOCKET_RECOVERY_WINDOW must not be negative, JOBLIB_SOCKET_RECOVERY_MAX_PACKETS, _MAX_BYTES and _HISTORY_BYTES must be positive")
+	}
 	return c.Server.Validate()
 }
 

@@ -81,6 +81,7 @@ func (c *client) closed(reason string) {
 	}
 	c.mu.Unlock()
 	for _, sock := range socks {
+		c.saveSession(sock, reason)
 		sock.gone()
 		c.dispatch(inbound{kind: inDisconnect, sock: sock, reason: reason}, true)
 	}
@@ -408,6 +409,7 @@ func (c *client) runConnect(sock *Socket, auth json.RawMessage) {
 	if sock.isGone() {
 		return
 	}
+	c.takeSession(sock, auth)
 	err := sock.ns.handler().OnConnect(sock.ctx, sock, c.hs.request(), auth)
 	if err != nil {
 		sock.gone()
@@ -442,8 +444,15 @@ func sioMsg(p wire.SIOPacket, bins [][]byte) *engineio.Message {
 
 // encodeEvent builds an EVENT (or BINARY_EVENT when args hold []byte).
 func encodeEvent(ns, event string, args []any, id uint64, hasID bool) (*engineio.Message, error) {
+	m, _, err := encodeEventSize(ns, event, args, id, hasID)
+	return m, err
+}
+
+// encodeEventSize is encodeEvent that also returns the packet's size in
+// bytes, attachments included.
+func encodeEventSize(ns, event string, args []any, id uint64, hasID bool) (*engineio.Message, int, error) {
 	if wire.IsReservedEvent(event) {
-		return nil, fmt.Errorf("encode event %q: %w", event, ErrReservedEvent)
+		return nil, 0, fmt.Errorf("encode event %q: %w", event, ErrReservedEvent)
 	}
 	var atts [][]byte
 	arr := make([]any, 0, len(args)+1)
@@ -453,13 +462,17 @@ func encodeEvent(ns, event string, args []any, id uint64, hasID bool) (*engineio
 	}
 	data, err := json.Marshal(arr)
 	if err != nil {
-		return nil, fmt.Errorf("encode event %q: %w", event, err)
+		return nil, 0, fmt.Errorf("encode event %q: %w", event, err)
+	}
+	size := len(data)
+	for _, a := range atts {
+		size += len(a)
 	}
 	typ := wire.SIOEvent
 	if len(atts) > 0 {
 		typ = wire.SIOBinaryEvent
 	}
-	return sioMsg(wire.SIOPacket{Type: typ, Namespace: ns, ID: id, HasID: hasID, Attachments: len(atts), Data: data}, atts), nil
+	return sioMsg(wire.SIOPacket{Type: typ, Namespace: ns, ID: id, HasID: hasID, Attachments: len(atts), Data: data}, atts), size, nil
 }
 
 // encodeAck builds an ACK (or BINARY_ACK) for ack id.

@@ -94,6 +94,9 @@ type Config struct {
 	OnReject func(limit string)
 	// Logger receives connection-level diagnostics (default: discard).
 	Logger *slog.Logger
+	// Recovery enables connection state recovery (see RecoveryConfig; the
+	// zero value leaves it off).
+	Recovery RecoveryConfig
 }
 
 // Budget names passed to Config.OnReject by this package.

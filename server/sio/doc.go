@@ -91,6 +91,19 @@
 // EmitHintTo sends hints: events a receiver can do without, dropped for a
 // member that is behind instead of closing it. Heartbeat pings jump the queue.
 //
+// # Connection state recovery
+//
+// With Config.Recovery.Window set, the CONNECT reply carries a private
+// session id (pid), Namespace.EmitToAt records a broadcast under an offset
+// that is sent as its last argument (to clients RecoveryConfig.Wants), and a
+// socket that goes away for a reason the client reconnects after (transport
+// close or error, ping timeout, slow consumer, server shutdown) leaves its
+// session in RecoveryConfig.Store. A CONNECT with that pid and an offset
+// still recorded gets the socket id and rooms back and the recorded
+// broadcasts of those rooms after the offset, in order and exactly once,
+// before anything else; socket.io-client ≥ 4.6 then reports
+// socket.recovered. See recovery.go.
+//
 // # Disconnect reasons and websocket close codes
 //
 //	reason                         code  client behaviour

@@ -60,6 +60,7 @@ type AckFunc func(args ...any) error
 // engineio). Mount it at "/socket.io/".
 type Server struct {
 	cfg Config
+	rc  RecoveryConfig // cfg.Recovery with its defaults
 	eio *engineio.Server
 
 	tr tracker // handler goroutines
@@ -73,7 +74,7 @@ type Server struct {
 // fields take their defaults.
 func New(cfg Config, h Handler) *Server {
 	cfg = cfg.withDefaults()
-	srv := &Server{cfg: cfg, nsps: map[string]*Namespace{}}
+	srv := &Server{cfg: cfg, rc: cfg.Recovery.withDefaults(cfg.SendQueue), nsps: map[string]*Namespace{}}
 	srv.main = srv.Of("/", h)
 	srv.eio = engineio.NewServer(engineio.Config{
 		PingInterval:       cfg.PingInterval,
@@ -132,6 +133,12 @@ func (srv *Server) EmitTo(room, event string, args ...any) error {
 	return srv.main.EmitTo(room, event, args...)
 }
 
+// EmitToAt sends a recorded broadcast to every socket of namespace "/" in
+// room (see Namespace.EmitToAt).
+func (srv *Server) EmitToAt(room, offset, event string, args ...any) error {
+	return srv.main.EmitToAt(room, offset, event, args...)
+}
+
 // EmitHintTo sends a hint to every socket of namespace "/" in room (see
 // Namespace.EmitHintTo).
 func (srv *Server) EmitHintTo(room, event string, args ...any) error {
@@ -177,6 +184,7 @@ type Namespace struct {
 	h        atomic.Pointer[Handler]
 	rooms    roomTable
 	nsockets atomic.Int64
+	hist     history // recorded broadcasts (connection state recovery)
 }
 
 // Name returns the namespace's name ("/", "/admin", ...).

@@ -41,6 +41,13 @@ type Socket struct {
 	acks     map[uint64]chan []json.RawMessage
 	nextAck  uint64
 	data     any
+
+	// Connection state recovery (see recovery.go).
+	pid       string          // private session id sent with CONNECT
+	recovered bool            // the session was restored
+	restore   *pendingRestore // the session CONNECT asked for, until accept
+	gotOffset atomic.Bool     // a recorded broadcast was queued to it
+	offsets   atomic.Bool     // the client takes offsets (RecoveryConfig.Wants)
 }
 
 func newSocket(c *client, ns *Namespace) *Socket {
@@ -312,14 +319,58 @@ func mapSendErr(err error) error {
 // accept runs after OnConnect succeeded: reply CONNECT, release held output, join
 // the socket's own room.
 func (s *Socket) accept() {
+	rc := &s.c.srv.rc
+	var missed []*engineio.Message
+	var restored []string
+	if rc.Window > 0 {
+		s.mu.Lock()
+		pr := s.restore
+		s.restore = nil
+		s.mu.Unlock()
+		if pr != nil && (rc.Owner == nil || rc.Owner(s) == pr.sess.Owner) {
+			// Held until the socket is in its rooms and its replay is
+			// queued, so that no recorded broadcast falls in between.
+			s.ns.hist.mu.Lock()
+			defer s.ns.hist.mu.Unlock()
+			if msgs, ok := s.ns.hist.sinceLocked(pr.offset, pr.sess.Rooms, rc); ok {
+				missed, restored = msgs, pr.sess.Rooms
+				s.mu.Lock()
+				s.id, s.pid, s.recovered = pr.sess.SID, pr.sess.PID, true
+				s.mu.Unlock()
+			}
+		}
+	}
 	s.mu.Lock()
 	s.accepted = true
 	if s.state != sockConnecting {
 		s.mu.Unlock()
 		return
 	}
-	payload, _ := json.Marshal(map[string]string{"sid": s.id})
-	msgs := append([]*engineio.Message{sioMsg(wire.SIOPacket{Type: wire.SIOConnect, Namespace: s.ns.name, Data: payload}, nil)}, s.held...)
+	reply := map[string]string{"sid": s.id}
+	if rc.Window > 0 {
+		if s.pid == "" {
+			s.pid = engineio.RandomID() + engineio.RandomID()
+		}
+		reply["pid"] = s.pid
+	}
+	for _, room := range restored {
+		if _, ok := s.rooms[room]; ok || room == s.id {
+			continue
+		}
+		if s.rooms == nil {
+			s.rooms = make(map[string]struct{}, len(restored))
+		}
+		s.rooms[room] = struct{}{}
+		s.ns.rooms.join(room, s)
+	}
+	if s.recovered {
+		s.gotOffset.Store(true) // the client holds an offset
+	}
+	payload, _ := json.Marshal(reply)
+	msgs := make([]*engineio.Message, 0, 1+len(missed)+len(s.held))
+	msgs = append(msgs, sioMsg(wire.SIOPacket{Type: wire.SIOConnect, Namespace: s.ns.name, Data: payload}, nil))
+	msgs = append(msgs, missed...)
+	msgs = append(msgs, s.held...)
 	s.held = nil
 	s.state = sockConnected
 	// In its own room before the client hears of the connection.
