@@ -223,7 +223,8 @@ type SweepReport struct {
 	// Capped: more workers were stale than the cap allows; nothing was
 	// cleaned and Result is the plan that was held back.
 	Capped bool
-	// StaleWorkers and TotalWorkers are counted when the cap is on.
+	// StaleWorkers and TotalWorkers are counted when the cap is on and
+	// some worker is stale.
 	StaleWorkers, TotalWorkers int64
 	// Result is the workers cleaned (or, for a dry run or a capped sweep,
 	// the workers that would be).
@@ -252,7 +253,17 @@ func (s *Service) Sweep(ctx context.Context, p SweepParams) (SweepReport, error)
 	fence := models.CleanupFence{StaleAfter: rep.Threshold, SkipLocked: true}
 	params := CleanupParams{Path: rep.Path, Fence: fence, SweepID: &rep.SweepID}
 
-	if p.Cap && st.SweepMaxFraction > 0 {
+	// One read says whether there is anything to do: an idle sweep ends
+	// here. The fences are checked again under the row locks below.
+	probe, err := s.db.Q(ctx).ProbeSweep(rep.Threshold, st.InternalTaskTimeout)
+	if err != nil {
+		return rep, err
+	}
+	if !probe.Stale && !probe.Stuck {
+		rep.Took = time.Since(start)
+		return rep, nil
+	}
+	if probe.Stale && p.Cap && st.SweepMaxFraction > 0 {
 		stale, total, err := s.db.Q(ctx).CountWorkers(rep.Threshold)
 		if err != nil {
 			return rep, err
@@ -270,7 +281,7 @@ func (s *Service) Sweep(ctx context.Context, p SweepParams) (SweepReport, error)
 		rep.Result, rep.StuckInternal, rep.Took = plan.Result, plan.StuckInternal, time.Since(start)
 		return rep, err
 	}
-	for {
+	for probe.Stale {
 		r, err := s.cleanupMatching(ctx, params, st.SweepBatchSize)
 		rep.Result.merge(r)
 		if err != nil {
@@ -283,10 +294,16 @@ func (s *Service) Sweep(ctx context.Context, p SweepParams) (SweepReport, error)
 		}
 	}
 	s.observe(rep.Path, rep.Result)
-	stuck, err := s.failStuckInternal(ctx, st.InternalTaskTimeout)
-	rep.StuckInternal = stuck
+	if probe.Stuck {
+		stuck, err := s.failStuckInternal(ctx, st.InternalTaskTimeout)
+		rep.StuckInternal = stuck
+		if err != nil {
+			rep.Took = time.Since(start)
+			return rep, err
+		}
+	}
 	rep.Took = time.Since(start)
-	return rep, err
+	return rep, nil
 }
 
 // planSweep runs a whole sweep in one transaction and rolls it back. With

@@ -1,9 +1,11 @@
 package models
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -166,36 +168,21 @@ func (q *Q) cleanup(ids []uuid.UUID, limit int, f CleanupFence, lostError string
 		byID[l.ID] = &out.Workers[i]
 	}
 
-	type taskRow struct {
-		ID           uuid.UUID
-		LostWorkerID uuid.UUID
-	}
-	var requeued, failed []taskRow
-	err = q.g.Raw("UPDATE tasks SET status = 'pending', lost_worker_id = worker_id, worker_id = NULL, claimed_at = NULL, started_at = NULL, updated_at = "+q.now()+
-		" WHERE worker_id IN ? AND status IN ('claimed', 'running')"+
-		" AND EXISTS (SELECT 1 FROM jobs j WHERE j.id = tasks.job_id AND j.on_worker_loss = 'requeue' AND tasks.attempt < j.max_attempts)"+
-		" RETURNING id, lost_worker_id", wids).Scan(&requeued).Error
+	lost, err := q.releaseTasks(wids, lostError)
 	if err != nil {
-		return out, fmt.Errorf("requeue tasks of lost workers: %w", mapErr(err))
+		return out, err
 	}
-	err = q.g.Raw("UPDATE tasks SET status = 'failed', completed_at = "+q.now()+", error = ?, lost_worker_id = worker_id, updated_at = "+q.now()+
-		" WHERE worker_id IN ? AND status IN ('claimed', 'running') RETURNING id, lost_worker_id", lostError, wids).Scan(&failed).Error
-	if err != nil {
-		return out, fmt.Errorf("fail tasks of lost workers: %w", mapErr(err))
+	for _, t := range lost {
+		w := byID[*t.LostWorkerID]
+		if t.Status == StatusPending {
+			w.TasksRequeued++
+			w.RequeuedTaskIDs = append(w.RequeuedTaskIDs, t.ID)
+		} else {
+			w.TasksFailed++
+			w.FailedTaskIDs = append(w.FailedTaskIDs, t.ID)
+		}
 	}
-	taskIDs := make([]uuid.UUID, 0, len(requeued)+len(failed))
-	for _, r := range requeued {
-		w := byID[r.LostWorkerID]
-		w.TasksRequeued++
-		w.RequeuedTaskIDs = append(w.RequeuedTaskIDs, r.ID)
-		taskIDs = append(taskIDs, r.ID)
-	}
-	for _, r := range failed {
-		w := byID[r.LostWorkerID]
-		w.TasksFailed++
-		w.FailedTaskIDs = append(w.FailedTaskIDs, r.ID)
-		taskIDs = append(taskIDs, r.ID)
-	}
+	out.Tasks = lost
 
 	var links []struct {
 		WorkerID uuid.UUID
@@ -256,13 +243,135 @@ func (q *Q) cleanup(ids []uuid.UUID, limit int, f CleanupFence, lostError string
 			}
 		}
 	}
-	if out.Tasks, err = q.GetTasks(taskIDs); err != nil {
-		return out, err
-	}
 	if err := q.insertCleanupEvents(out, f, a, false); err != nil {
 		return out, err
 	}
 	return out, nil
+}
+
+// releaseTask's SET clauses: a task of a job whose policy is requeue, with
+// attempts left, goes back to pending (worker, claim and start cleared);
+// every other task fails with the error. The worker is kept as
+// lost_worker_id either way.
+const releaseRequeue = "(j.on_worker_loss = 'requeue' AND tasks.attempt < j.max_attempts)"
+
+// releaseTasks requeues or fails, per job policy, the claimed and running
+// tasks of the given workers in one statement and returns them as they are
+// after it (requeued tasks with their queue position), in seq order.
+func (q *Q) releaseTasks(wids []uuid.UUID, lostError string) ([]Task, error) {
+	now := q.now()
+	set := "status = CASE WHEN " + releaseRequeue + " THEN 'pending' ELSE 'failed' END" +
+		", lost_worker_id = tasks.worker_id" +
+		", worker_id = CASE WHEN " + releaseRequeue + " THEN NULL ELSE tasks.worker_id END" +
+		", claimed_at = CASE WHEN " + releaseRequeue + " THEN NULL ELSE tasks.claimed_at END" +
+		", started_at = CASE WHEN " + releaseRequeue + " THEN NULL ELSE tasks.started_at END" +
+		", completed_at = CASE WHEN " + releaseRequeue + " THEN tasks.completed_at ELSE " + now + " END" +
+		", error = CASE WHEN " + releaseRequeue + " THEN tasks.error ELSE ? END" +
+		", updated_at = " + now
+	ret := "tasks.id, tasks.seq, tasks.job_id, tasks.worker_id, tasks.lost_worker_id, tasks.room_id, tasks.created_by_id, tasks.payload, tasks.status, tasks.attempt," +
+		" tasks.created_at, tasks.claimed_at, tasks.started_at, tasks.completed_at, tasks.error, tasks.result"
+	if q.d == Postgres {
+		// PostgreSQL returns the job's columns with the task; SQLite's
+		// RETURNING may not name the FROM table, so they are read below.
+		ret += ", j.room_id AS job_room, j.category AS job_category, j.name AS job_name, j.on_worker_loss, j.max_attempts"
+	} else {
+		ret = strings.ReplaceAll(ret, "tasks.", "")
+	}
+	rows, err := q.g.Raw("UPDATE tasks SET "+set+" FROM jobs j WHERE j.id = tasks.job_id AND tasks.worker_id IN ? AND tasks.status IN ('claimed', 'running') RETURNING "+ret,
+		lostError, wids).Rows()
+	if err != nil {
+		return nil, fmt.Errorf("release tasks of lost workers: %w", mapErr(err))
+	}
+	// Scanned by hand: a sweep returns tens of thousands of rows, and
+	// gorm's reflection was most of the client's time.
+	var ts []Task
+	for rows.Next() {
+		var t Task
+		dest := []any{&t.ID, &t.Seq, &t.JobID, &t.WorkerID, &t.LostWorkerID, &t.RoomID, &t.CreatedByID, &t.Payload, &t.Status, &t.Attempt,
+			&t.CreatedAt, &t.ClaimedAt, &t.StartedAt, &t.CompletedAt, &t.Error, &t.Result}
+		if q.d == Postgres {
+			dest = append(dest, &t.JobRoom, &t.JobCategory, &t.JobName, &t.OnWorkerLoss, &t.MaxAttempts)
+		}
+		if err := rows.Scan(dest...); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("read released tasks: %w", mapErr(err))
+		}
+		ts = append(ts, t)
+	}
+	if err := rows.Close(); err != nil {
+		return nil, fmt.Errorf("release tasks of lost workers: %w", mapErr(err))
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("release tasks of lost workers: %w", mapErr(err))
+	}
+	if len(ts) == 0 {
+		return nil, nil
+	}
+	if q.d != Postgres {
+		if err := q.fillTaskJobs(ts); err != nil {
+			return nil, err
+		}
+	}
+	// A requeued task's status event carries its queue position.
+	var requeued []uuid.UUID
+	for _, t := range ts {
+		if t.Status == StatusPending {
+			requeued = append(requeued, t.ID)
+		}
+	}
+	if len(requeued) > 0 {
+		ranked, err := q.GetTasks(requeued)
+		if err != nil {
+			return nil, err
+		}
+		pos := make(map[uuid.UUID]*int64, len(ranked))
+		for _, r := range ranked {
+			pos[r.ID] = r.QueuePosition
+		}
+		for i := range ts {
+			if ts[i].Status == StatusPending {
+				ts[i].QueuePosition = pos[ts[i].ID]
+			}
+		}
+	}
+	slices.SortFunc(ts, func(a, b Task) int { return cmp.Compare(a.Seq, b.Seq) })
+	return ts, nil
+}
+
+// fillTaskJobs sets the job columns of tasks read without them, with one
+// query for their distinct jobs.
+func (q *Q) fillTaskJobs(ts []Task) error {
+	seen := map[uuid.UUID]bool{}
+	var ids []uuid.UUID
+	for _, t := range ts {
+		if !seen[t.JobID] {
+			seen[t.JobID] = true
+			ids = append(ids, t.JobID)
+		}
+	}
+	var js []struct {
+		ID           uuid.UUID
+		RoomID       string
+		Category     string
+		Name         string
+		OnWorkerLoss string
+		MaxAttempts  int
+	}
+	if err := q.g.Raw("SELECT id, room_id, category, name, on_worker_loss, max_attempts FROM jobs WHERE id IN ?", ids).Scan(&js).Error; err != nil {
+		return fmt.Errorf("read jobs of released tasks: %w", mapErr(err))
+	}
+	byID := make(map[uuid.UUID]int, len(js))
+	for i := range js {
+		byID[js[i].ID] = i
+	}
+	for k := range ts {
+		if i, ok := byID[ts[k].JobID]; ok {
+			j := &js[i]
+			ts[k].JobRoom, ts[k].JobCategory, ts[k].JobName = &j.RoomID, &j.Category, &j.Name
+			ts[k].OnWorkerLoss, ts[k].MaxAttempts = &j.OnWorkerLoss, &j.MaxAttempts
+		}
+	}
+	return nil
 }
 
 // RecordShadowCleanup writes the audit rows of a cleanup that was planned
@@ -284,42 +393,62 @@ func (q *Q) insertCleanupEvents(out CleanupOutcome, f CleanupFence, a CleanupAud
 		ms := f.StaleAfter.Milliseconds()
 		threshold = &ms
 	}
-	const perRow = 13
-	const rowsPerStmt = 500
-	for start := 0; start < len(out.Workers); start += rowsPerStmt {
-		chunk := out.Workers[start:min(start+rowsPerStmt, len(out.Workers))]
-		var sb strings.Builder
-		args := make([]any, 0, perRow*len(chunk))
-		sb.WriteString("INSERT INTO cleanup_events (id, sweep_id, path, worker_id, user_id, tasks_failed, tasks_requeued, providers, jobs_deleted, last_heartbeat, threshold_ms, detail, db_now, shadow, created_at) VALUES ")
-		for i, w := range chunk {
-			if i > 0 {
-				sb.WriteString(", ")
-			}
-			sb.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, " + q.now() + ")")
-			detail := map[string]any{
-				"session_epoch":  w.SessionEpoch,
-				"node_id":        w.NodeID,
-				"node_run":       w.NodeRun,
-				"orphan_jobs":    nonNil(w.OrphanJobs),
-				"failed_tasks":   capIDs(w.FailedTaskIDs),
-				"requeued_tasks": capIDs(w.RequeuedTaskIDs),
-			}
-			if f.Epoch != nil {
-				detail["fence_epoch"] = *f.Epoch
-			}
-			if f.NodeID != "" {
-				detail["fence_node_run"] = f.NodeRun
-			}
-			b, err := json.Marshal(detail)
-			if err != nil {
-				return fmt.Errorf("encode cleanup audit detail: %w", err)
-			}
-			args = append(args, uuid.New(), a.SweepID, a.Path, w.ID, w.UserID, w.TasksFailed, w.TasksRequeued, w.ProvidersGone,
-				len(w.OrphanJobs), w.LastHeartbeat, threshold, string(b), w.DBNow, shadow)
+	// The rows travel as one JSON parameter: one statement of constant
+	// shape, whatever the batch size (no per-row bound parameters to encode
+	// and bind, and one cached plan).
+	type row struct {
+		ID            uuid.UUID `json:"id"`
+		WorkerID      uuid.UUID `json:"worker_id"`
+		UserID        uuid.UUID `json:"user_id"`
+		TasksFailed   int       `json:"tasks_failed"`
+		TasksRequeued int       `json:"tasks_requeued"`
+		Providers     int       `json:"providers"`
+		JobsDeleted   int       `json:"jobs_deleted"`
+		LastHeartbeat any       `json:"last_heartbeat"`
+		Detail        string    `json:"detail"`
+		DBNow         any       `json:"db_now"`
+	}
+	rows := make([]row, len(out.Workers))
+	for i, w := range out.Workers {
+		detail := map[string]any{
+			"session_epoch":  w.SessionEpoch,
+			"node_id":        w.NodeID,
+			"node_run":       w.NodeRun,
+			"orphan_jobs":    nonNil(w.OrphanJobs),
+			"failed_tasks":   capIDs(w.FailedTaskIDs),
+			"requeued_tasks": capIDs(w.RequeuedTaskIDs),
 		}
-		if err := q.g.Exec(sb.String(), args...).Error; err != nil {
-			return fmt.Errorf("write cleanup audit: %w", mapErr(err))
+		if f.Epoch != nil {
+			detail["fence_epoch"] = *f.Epoch
 		}
+		if f.NodeID != "" {
+			detail["fence_node_run"] = f.NodeRun
+		}
+		b, err := json.Marshal(detail)
+		if err != nil {
+			return fmt.Errorf("encode cleanup audit detail: %w", err)
+		}
+		// Timestamps in the form Time writes (SQLite's stored text).
+		hb, _ := w.LastHeartbeat.Value()
+		now, _ := w.DBNow.Value()
+		rows[i] = row{ID: uuid.New(), WorkerID: w.ID, UserID: w.UserID, TasksFailed: w.TasksFailed, TasksRequeued: w.TasksRequeued,
+			Providers: w.ProvidersGone, JobsDeleted: len(w.OrphanJobs), LastHeartbeat: hb, Detail: string(b), DBNow: now}
+	}
+	payload, err := json.Marshal(rows)
+	if err != nil {
+		return fmt.Errorf("encode cleanup audit: %w", err)
+	}
+	cols := "INSERT INTO cleanup_events (id, sweep_id, path, worker_id, user_id, tasks_failed, tasks_requeued, providers, jobs_deleted, last_heartbeat, threshold_ms, detail, db_now, shadow, created_at) "
+	var stmt string
+	if q.d == Postgres {
+		stmt = cols + "SELECT r.id, ?::uuid, ?, r.worker_id, r.user_id, r.tasks_failed, r.tasks_requeued, r.providers, r.jobs_deleted, r.last_heartbeat, ?::bigint, r.detail, r.db_now, ?, now()" +
+			" FROM json_to_recordset(?::json) AS r(id uuid, worker_id uuid, user_id uuid, tasks_failed int, tasks_requeued int, providers int, jobs_deleted int, last_heartbeat timestamptz, detail text, db_now timestamptz)"
+	} else {
+		stmt = cols + "SELECT value->>'id', ?, ?, value->>'worker_id', value->>'user_id', value->>'tasks_failed', value->>'tasks_requeued', value->>'providers', value->>'jobs_deleted'," +
+			" value->>'last_heartbeat', ?, value->>'detail', value->>'db_now', ?, " + q.now() + " FROM json_each(?)"
+	}
+	if err := q.g.Exec(stmt, a.SweepID, a.Path, threshold, shadow, string(payload)).Error; err != nil {
+		return fmt.Errorf("write cleanup audit: %w", mapErr(err))
 	}
 	return nil
 }
@@ -372,6 +501,35 @@ func (q *Q) CountWorkers(timeout time.Duration) (stale, total int64, err error) 
 		return 0, 0, fmt.Errorf("count workers: %w", mapErr(err))
 	}
 	return row.Stale, row.Total, nil
+}
+
+// SweepProbe says whether a sweep has anything to do.
+type SweepProbe struct {
+	// Stale: some worker's last heartbeat is older than the threshold.
+	Stale bool
+	// Stuck: some @internal task is claimed or running for longer than
+	// the internal task timeout (FailStuckInternalTasks would fail it).
+	Stuck bool
+}
+
+// ProbeSweep answers SweepProbe in one read-only statement, so an idle
+// sweep costs one round trip. Both tests compare a minimum with the
+// threshold, so the plan never depends on the threshold's value: the oldest
+// heartbeat is the first entry of the index on last_heartbeat, and the
+// oldest claimed or running @internal task is found per @internal job on the
+// (job_id, status, seq) index. (An EXISTS with the threshold in its WHERE
+// clause gets a generic plan that scans every worker when none is stale.)
+func (q *Q) ProbeSweep(staleAfter, internalTimeout time.Duration) (SweepProbe, error) {
+	staleExpr, staleArg := q.before(staleAfter)
+	stuckExpr, stuckArg := q.before(internalTimeout)
+	var p SweepProbe
+	err := q.g.Raw("SELECT COALESCE((SELECT min(last_heartbeat) FROM workers) < "+staleExpr+", false) AS stale,"+
+		" COALESCE((SELECT min((SELECT min(COALESCE(t.started_at, t.created_at)) FROM tasks t WHERE t.job_id = j.id AND t.status IN ('claimed', 'running')))"+
+		" FROM jobs j WHERE j.room_id = '@internal') < "+stuckExpr+", false) AS stuck", staleArg, stuckArg).Scan(&p).Error
+	if err != nil {
+		return p, fmt.Errorf("probe sweep: %w", mapErr(err))
+	}
+	return p, nil
 }
 
 // FailStuckInternalTasks fails @internal tasks that have been claimed or
