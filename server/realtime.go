@@ -172,7 +172,7 @@ func (s *Server) NewRealtime(cfg RealtimeConfig, log *slog.Logger) *Realtime {
 			MaxPackets:   cfg.RecoveryMaxPackets,
 			MaxBytes:     cfg.RecoveryMaxBytes,
 			HistoryBytes: cfg.RecoveryHistoryBytes,
-			Store:        sessionStore(s.svc.DB()),
+			Store:        sessionStore(s.svc.DB(), s.svc.Bus()),
 			Owner:        socketOwner,
 			Wants:        wantsOffsets,
 			// A recovered socket gets its UI rooms back; a worker's rooms
@@ -730,8 +730,14 @@ func socketOwner(s *sio.Socket) string {
 
 // sessionStore is where disconnected sockets' sessions are kept: the
 // database on PostgreSQL (any node may recover them), else memory.
-func sessionStore(db *models.DB) sio.SessionStore {
-	if db != nil && db.Pool != nil {
+// sessionStore keeps the sessions of disconnected sockets in PostgreSQL when
+// the bus is PostgreSQL's, whose NOTIFY queue gives every node one order of
+// delivery, so that an offset means the same on every node. With another bus
+// (NATS orders each publisher's messages, not their interleaving) or on
+// SQLite, sessions stay in the node's memory: a client recovers on the node
+// it was on, and elsewhere gets a fresh session, never a wrong replay.
+func sessionStore(db *models.DB, bus events.Bus) sio.SessionStore {
+	if _, ok := bus.(*events.PGBus); ok && db != nil && db.Pool != nil {
 		return dbSessionStore{db}
 	}
 	return nil
