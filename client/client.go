@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -66,6 +67,15 @@ func WithReconnectBackoff(min, max time.Duration) Option {
 	return func(c *Client) { c.backoffMin, c.backoffMax = min, max }
 }
 
+// WithLogger sets where Run reports what it cannot return: a failed
+// update or upload, a provider handler's error, a re-registration.
+// Default slog.Default().
+func WithLogger(l *slog.Logger) Option { return func(c *Client) { c.log = l } }
+
+// WithProviderConcurrency sets how many provider requests Run answers at
+// once (default 4); more wait for a free slot.
+func WithProviderConcurrency(n int) Option { return func(c *Client) { c.provSlots = max(n, 1) } }
+
 // Client talks to one joblib server as one worker.
 type Client struct {
 	base       string // e.g. http://host:8000 (no trailing slash)
@@ -75,11 +85,21 @@ type Client struct {
 	backoffMin time.Duration
 	backoffMax time.Duration
 
-	mu       sync.Mutex
-	workerID string
-	jobs     []string // full names registered by this client
-	sock     *socket  // Run's open connection, nil between connections
-	joins    int      // connections Run opened and joined
+	log       *slog.Logger
+	provSlots int // provider requests answered at once
+
+	regMu sync.Mutex // serialises re-registration
+
+	mu        sync.Mutex
+	workerID  string
+	jobs      []*jobReg      // registered by this client, in order
+	providers []*providerReg // registered by this client, in order
+	sock      *socket        // Run's open connection, nil between connections
+	joins     int            // connections Run opened and joined
+	// Set while a new worker exists whose jobs and providers are not all
+	// registered yet: re-registration resumes instead of making another.
+	partial bool
+	reregs  int // workers re-created after the server lost one
 
 	socketClaims int // claims answered over the socket
 
@@ -96,6 +116,7 @@ func Dial(ctx context.Context, baseURL, token string, opts ...Option) (*Client, 
 	c := &Client{
 		base: strings.TrimRight(baseURL, "/"), token: token, http: http.DefaultClient,
 		poll: 5 * time.Second, backoffMin: 100 * time.Millisecond, backoffMax: 2 * time.Second,
+		log: slog.Default(), provSlots: 4,
 	}
 	for _, o := range opts {
 		o(c)
@@ -130,28 +151,48 @@ func (c *Client) RegisterWorker(ctx context.Context) (string, error) {
 	return w.ID, nil
 }
 
+// jobReg is a job as the client registered it, kept to register it again.
+type jobReg struct {
+	room, category, name string
+	schema               any
+}
+
 // RegisterJob registers the job room:category:name served by the client's
 // worker (registering a worker first when there is none). schema may be nil.
 func (c *Client) RegisterJob(ctx context.Context, room, category, name string, schema any) (*Job, error) {
-	wid := c.WorkerID()
-	if wid == "" {
-		var err error
-		if wid, err = c.RegisterWorker(ctx); err != nil {
-			return nil, fmt.Errorf("register job %s:%s:%s: %w", room, category, name, err)
-		}
+	wid, err := c.ensureWorker(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("register job %s:%s:%s: %w", room, category, name, err)
 	}
 	if schema == nil {
 		schema = map[string]any{}
 	}
-	body := map[string]any{"category": category, "name": name, "schema": schema, "worker_id": wid}
-	var j Job
-	if err := c.do(ctx, http.MethodPut, "/rooms/"+url.PathEscape(room)+"/jobs", body, &j); err != nil {
-		return nil, fmt.Errorf("register job %s:%s:%s: %w", room, category, name, err)
+	reg := &jobReg{room: room, category: category, name: name, schema: schema}
+	j, err := c.putJob(ctx, wid, reg)
+	if err != nil {
+		return nil, err
 	}
 	c.mu.Lock()
-	c.jobs = append(c.jobs, j.FullName)
+	c.jobs = append(c.jobs, reg)
 	c.mu.Unlock()
+	return j, nil
+}
+
+func (c *Client) putJob(ctx context.Context, wid string, reg *jobReg) (*Job, error) {
+	body := map[string]any{"category": reg.category, "name": reg.name, "schema": reg.schema, "worker_id": wid}
+	var j Job
+	if err := c.do(ctx, http.MethodPut, "/rooms/"+url.PathEscape(reg.room)+"/jobs", body, &j); err != nil {
+		return nil, fmt.Errorf("register job %s:%s:%s: %w", reg.room, reg.category, reg.name, err)
+	}
 	return &j, nil
+}
+
+// ensureWorker returns the client's worker, registering one when there is none.
+func (c *Client) ensureWorker(ctx context.Context) (string, error) {
+	if wid := c.WorkerID(); wid != "" {
+		return wid, nil
+	}
+	return c.RegisterWorker(ctx)
 }
 
 // Claim claims the oldest pending task of the worker's jobs; nil, nil when
@@ -228,46 +269,56 @@ func (c *Client) Close(ctx context.Context) error {
 	return nil
 }
 
-// do sends a REST request under /v1/joblib and decodes a 2xx JSON answer
-// into out (when not nil); other answers become a *ProblemError.
+// do sends a REST request under /v1/joblib with a JSON body (when not nil)
+// and decodes a 2xx JSON answer into out (when not nil); other answers
+// become a *ProblemError.
 func (c *Client) do(ctx context.Context, method, path string, body, out any) error {
 	var rd io.Reader
+	hdr := http.Header{}
 	if body != nil {
 		b, err := json.Marshal(body)
 		if err != nil {
 			return fmt.Errorf("encode body: %w", err)
 		}
 		rd = bytes.NewReader(b)
+		hdr.Set("Content-Type", "application/json")
 	}
-	req, err := http.NewRequestWithContext(ctx, method, c.base+"/v1/joblib"+path, rd)
+	data, _, err := c.send(ctx, method, path, hdr, rd)
+	if err != nil || out == nil || len(data) == 0 {
+		return err
+	}
+	if err := json.Unmarshal(data, out); err != nil {
+		return fmt.Errorf("decode answer: %w", err)
+	}
+	return nil
+}
+
+// send sends a REST request under /v1/joblib and returns a 2xx answer's
+// body and headers; other answers become a *ProblemError.
+func (c *Client) send(ctx context.Context, method, path string, hdr http.Header, body io.Reader) ([]byte, http.Header, error) {
+	req, err := http.NewRequestWithContext(ctx, method, c.base+"/v1/joblib"+path, body)
 	if err != nil {
-		return fmt.Errorf("build request: %w", err)
+		return nil, nil, fmt.Errorf("build request: %w", err)
 	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
+	for k, v := range hdr {
+		req.Header[k] = v
 	}
 	if c.token != "" {
 		req.Header.Set("Authorization", "Bearer "+c.token)
 	}
 	res, err := c.http.Do(req)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	defer res.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(res.Body, 64<<20))
 	if err != nil {
-		return fmt.Errorf("read answer: %w", err)
+		return nil, nil, fmt.Errorf("read answer: %w", err)
 	}
 	if res.StatusCode/100 != 2 {
-		return problemFrom(res, data)
+		return nil, nil, problemFrom(res, data)
 	}
-	if out == nil || len(data) == 0 {
-		return nil
-	}
-	if err := json.Unmarshal(data, out); err != nil {
-		return fmt.Errorf("decode answer: %w", err)
-	}
-	return nil
+	return data, res.Header, nil
 }
 
 func problemFrom(res *http.Response, data []byte) *ProblemError {

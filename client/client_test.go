@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -28,6 +29,18 @@ type testServer struct {
 
 func startServer(t *testing.T, db *models.DB, grace time.Duration) *testServer {
 	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts, _ := serveOn(t, db, grace, ln)
+	return ts
+}
+
+// serveOn runs a server on ln until stop (or the end of the test) shuts it
+// down as a SIGTERM would: sockets closed, workers kept in the database.
+func serveOn(t *testing.T, db *models.DB, grace time.Duration, ln net.Listener) (ts *testServer, stop func()) {
+	t.Helper()
 	svc := joblib.New(joblib.Config{DB: db, Bus: events.NewLocalBus(), Settings: joblib.DefaultSettings()})
 	if err := svc.Start(context.Background()); err != nil {
 		t.Fatal(err)
@@ -38,21 +51,28 @@ func startServer(t *testing.T, db *models.DB, grace time.Duration) *testServer {
 	rt := api.NewRealtime(rc, nil)
 	api.Handle("/socket.io/", rt)
 	rt.Start()
-	srv := httptest.NewServer(api.Handler())
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := rt.Shutdown(ctx); err != nil {
-			t.Errorf("shutdown realtime: %v", err)
-		}
-		srv.Close()
-		svc.Close()
-	})
+	srv := httptest.NewUnstartedServer(api.Handler())
+	srv.Listener.Close()
+	srv.Listener = ln
+	srv.Start()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := rt.Shutdown(ctx); err != nil {
+				t.Errorf("shutdown realtime: %v", err)
+			}
+			srv.Close()
+			svc.Close()
+		})
+	}
+	t.Cleanup(stop)
 	tok, _, err := svc.CreateToken(context.Background(), "alice", false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &testServer{url: srv.URL, token: tok}
+	return &testServer{url: srv.URL, token: tok}, stop
 }
 
 // rest sends a raw REST request and decodes a JSON answer into out.

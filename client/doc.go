@@ -1,18 +1,22 @@
 // Package client is a Go SDK for joblib workers, built on the server's
 // public REST and Socket.IO contract.
 //
-// Dial connects with an API token; RegisterJob registers a job served by the
-// client's worker (creating the worker); Run then keeps a Socket.IO
-// connection joined to the job rooms — which keeps the worker's heartbeat
-// fresh — claims a task on each task_available notice and on a polling
-// fallback timer (over the socket with claim_tasks while it is open, else
-// over REST), marks it running, calls the handler and completes or
-// fails it. A dropped connection is re-opened with backoff and re-joined, so
-// that within the server's disconnect grace the worker keeps its id and its
-// claimed tasks. Close deletes the worker.
+// Dial connects with an API token; RegisterJob and RegisterProvider register
+// a job or a data provider served by the client's worker (creating the
+// worker); Run then keeps a Socket.IO connection joined to their rooms —
+// which keeps the worker's heartbeat fresh — claims a task on each
+// task_available notice and on a polling fallback timer (over the socket
+// with claim_tasks while it is open, else over REST), marks it running,
+// calls the handler and completes or fails it. Provider requests go to the
+// provider's handler; the result is uploaded under the request's hash,
+// which the SDK computes as the server does. A dropped connection, or a
+// restarted server, is re-joined with backoff, so that within the server's
+// disconnect grace the worker keeps its id and its claimed tasks; a worker
+// the server lost is registered again with its jobs and providers. Close
+// deletes the worker.
 //
-// Claim, Update and Heartbeat are the REST calls underneath, for workers
-// that drive the lifecycle themselves. Problem answers are *ProblemError
-// values matching sentinels such as ErrNotFound, ErrConflict and
-// ErrRateLimited with errors.Is.
+// Claim, Update, Heartbeat and Read are the REST calls underneath, for
+// programs that drive the lifecycle themselves. Problem answers are
+// *ProblemError values matching sentinels such as ErrNotFound, ErrConflict,
+// ErrRateLimited and ErrProviderTimeout with errors.Is.
 package client

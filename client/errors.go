@@ -17,6 +17,9 @@ var (
 	ErrValidation   = errors.New("validation error")  // 422
 	ErrRateLimited  = errors.New("rate limited")      // 429; see ProblemError.RetryAfter
 	ErrUnavailable  = errors.New("unavailable")       // 503
+	// ErrProviderTimeout: a provider read nobody answered in time (504);
+	// ProblemError.RetryAfter says when to read again.
+	ErrProviderTimeout = errors.New("provider timeout")
 )
 
 // ProblemError is an RFC 9457 problem answered by the server.
@@ -56,6 +59,8 @@ func (e *ProblemError) Is(target error) bool {
 		return target == ErrRateLimited
 	case 503:
 		return target == ErrUnavailable
+	case 504:
+		return target == ErrProviderTimeout
 	}
 	return false
 }

@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/url"
+	"sync"
 	"time"
 )
 
@@ -12,58 +15,83 @@ import (
 // fails the task with the error's text.
 type Handler func(ctx context.Context, t Task) (result any, err error)
 
-// Run serves the client's jobs until ctx ends: it keeps a Socket.IO
-// connection joined to each job's room (which keeps the worker's heartbeat
-// fresh and brings task_available notices), claims on each notice and every
-// poll interval, and runs handler for each claimed task, marking it running,
-// then completed or failed. A dropped connection is re-opened with backoff
-// and re-joined, so that within the server's disconnect grace the worker
-// and its claimed tasks are kept. Run returns nil when ctx is cancelled; it
-// does not delete the worker (see Close).
+// Run serves the client's jobs and providers until ctx ends. It keeps a
+// Socket.IO connection joined to each job's and provider's room (which
+// keeps the worker's heartbeat fresh and brings task_available and
+// provider_request events), claims on each notice and every poll interval,
+// and runs handler for each claimed task, marking it running, then
+// completed or failed. Provider requests are answered by their
+// ProviderHandler and uploaded under the request's hash.
+//
+// A dropped connection is re-opened with backoff and re-joined, so that
+// within the server's disconnect grace the worker and its claimed tasks are
+// kept. When the server has lost the worker (it was cleaned up after a
+// server restart, an outage longer than the grace, or an operator's
+// delete), Run registers a new worker with the same jobs and providers and
+// goes on: WorkerID changes. Run returns nil when ctx is cancelled, after
+// the running handlers have returned and their outcomes were sent; it does
+// not delete the worker (see Close). handler may be nil for a client that
+// serves providers only.
 func (c *Client) Run(ctx context.Context, handler Handler) error {
-	wid := c.WorkerID()
 	c.mu.Lock()
-	jobs := append([]string(nil), c.jobs...)
+	wid, njobs, nprov := c.workerID, len(c.jobs), len(c.providers)
 	c.mu.Unlock()
-	if wid == "" || len(jobs) == 0 {
-		return errors.New("run: register a job first")
+	if wid == "" || njobs+nprov == 0 {
+		return errors.New("run: register a job or a provider first")
 	}
-	wake := make(chan struct{}, 1)
-	nudge := func() {
-		select {
-		case wake <- struct{}{}:
-		default:
-		}
+	if njobs > 0 && handler == nil {
+		return errors.New("run: jobs need a handler")
 	}
+	rs := &runState{wake: make(chan struct{}, 1), slots: make(chan struct{}, c.provSlots)}
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	rs.ctx = ctx
 	sockDone := make(chan struct{})
 	go func() {
 		defer close(sockDone)
-		c.keepSocket(ctx, wid, jobs, nudge)
+		c.keepSocket(rs)
 	}()
-	defer func() { <-sockDone }()
+	defer func() {
+		cancel()
+		<-sockDone        // no provider request arrives after this
+		rs.answers.Wait() // provider handlers that started
+	}()
 
 	tick := time.NewTicker(c.poll)
 	defer tick.Stop()
-	nudge() // tasks submitted before Run started
+	rs.nudge() // tasks submitted before Run started
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-wake:
+		case <-rs.wake:
 		case <-tick.C:
 		}
+		if njobs == 0 {
+			continue
+		}
 		for ctx.Err() == nil {
+			wid := c.WorkerID()
+			if wid == "" {
+				return errors.New("run: the client was closed")
+			}
 			t, err := c.claimNext(ctx, wid)
 			if err != nil {
 				if ctx.Err() != nil {
 					return nil
 				}
-				if errors.Is(err, ErrNotFound) {
-					return fmt.Errorf("run: worker %s is gone: %w", wid, err)
+				if errors.Is(err, ErrUnauthorized) || errors.Is(err, ErrForbidden) {
+					return fmt.Errorf("run: %w", err)
 				}
-				break // transient; the next tick retries
+				if errors.Is(err, ErrNotFound) {
+					// The worker is gone: register again, then claim at once.
+					if rerr := c.reregister(ctx, wid); rerr != nil {
+						c.log.Warn("joblib: re-registration failed", "err", rerr)
+						break
+					}
+					continue
+				}
+				c.log.Warn("joblib: claim failed; retrying at the next tick", "err", err)
+				break
 			}
 			if t == nil {
 				break
@@ -71,6 +99,78 @@ func (c *Client) Run(ctx context.Context, handler Handler) error {
 			c.process(ctx, handler, *t)
 		}
 	}
+}
+
+// runState is what one Run shares with its socket and provider goroutines.
+type runState struct {
+	ctx     context.Context
+	wake    chan struct{}
+	slots   chan struct{} // provider answers in progress
+	answers sync.WaitGroup
+}
+
+func (rs *runState) nudge() {
+	select {
+	case rs.wake <- struct{}{}:
+	default:
+	}
+}
+
+// reregister restores the client's registrations after the server lost
+// them; stale is the worker id found missing. When the worker itself is
+// gone, a new one is created; its jobs and providers are registered again
+// either way, and a socket bound to the old worker is dropped so that Run
+// re-joins as the new one. Concurrent callers that saw the same stale id
+// register once.
+func (c *Client) reregister(ctx context.Context, stale string) error {
+	c.regMu.Lock()
+	defer c.regMu.Unlock()
+	c.mu.Lock()
+	wid, partial := c.workerID, c.partial
+	jobs := append([]*jobReg(nil), c.jobs...)
+	provs := append([]*providerReg(nil), c.providers...)
+	c.mu.Unlock()
+	if wid == "" || (wid != stale && !partial) {
+		return nil // closed, or done by another caller
+	}
+	if !partial {
+		err := c.do(ctx, http.MethodPatch, "/workers/"+url.PathEscape(wid), struct{}{}, nil)
+		if err != nil && !errors.Is(err, ErrNotFound) {
+			return fmt.Errorf("re-register: %w", err)
+		}
+		if err != nil {
+			var w struct {
+				ID string `json:"id"`
+			}
+			if err := c.do(ctx, http.MethodPost, "/workers", struct{}{}, &w); err != nil {
+				return fmt.Errorf("re-register worker: %w", err)
+			}
+			c.mu.Lock()
+			c.workerID, c.partial = w.ID, true
+			c.reregs++
+			c.mu.Unlock()
+			c.log.Info("joblib: the server lost the worker; registered a new one", "old", stale, "new", w.ID)
+			wid = w.ID
+		}
+	}
+	for _, j := range jobs {
+		if _, err := c.putJob(ctx, wid, j); err != nil {
+			return fmt.Errorf("re-register: %w", err)
+		}
+	}
+	for _, p := range provs {
+		if _, err := c.putProvider(ctx, wid, p); err != nil {
+			return fmt.Errorf("re-register: %w", err)
+		}
+	}
+	c.mu.Lock()
+	c.partial = false
+	s := c.sock
+	c.mu.Unlock()
+	if wid != stale && s != nil {
+		s.kill() // re-join bound to the new worker
+	}
+	return nil
 }
 
 // claimNext claims one task over the open socket (claim_tasks, no HTTP
@@ -110,6 +210,7 @@ func (c *Client) claimNext(ctx context.Context, wid string) (*Task, error) {
 // cancelled meanwhile answers 409) leave it to the server.
 func (c *Client) process(ctx context.Context, handler Handler, t Task) {
 	if _, err := c.Update(ctx, t.ID, StatusRunning, nil, ""); err != nil {
+		c.log.Warn("joblib: could not start a claimed task; leaving it to the server", "task", t.ID, "err", err)
 		return
 	}
 	res, herr := runHandler(ctx, handler, t)
@@ -117,11 +218,17 @@ func (c *Client) process(ctx context.Context, handler Handler, t Task) {
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	if herr != nil {
-		_, _ = c.Update(uctx, t.ID, StatusFailed, nil, herr.Error())
+		if _, err := c.Update(uctx, t.ID, StatusFailed, nil, herr.Error()); err != nil {
+			c.log.Warn("joblib: could not fail a task", "task", t.ID, "err", err)
+		}
 		return
 	}
-	if _, err := c.Update(uctx, t.ID, StatusCompleted, res, ""); err != nil && errors.Is(err, ErrTooLarge) {
-		_, _ = c.Update(uctx, t.ID, StatusFailed, nil, "result too large: "+err.Error())
+	_, err := c.Update(uctx, t.ID, StatusCompleted, res, "")
+	if err != nil && errors.Is(err, ErrTooLarge) {
+		_, err = c.Update(uctx, t.ID, StatusFailed, nil, "result too large: "+err.Error())
+	}
+	if err != nil {
+		c.log.Warn("joblib: could not complete a task", "task", t.ID, "err", err)
 	}
 }
 
@@ -134,12 +241,27 @@ func runHandler(ctx context.Context, h Handler, t Task) (res any, err error) {
 	return h(ctx, t)
 }
 
-// keepSocket holds the connection open and joined until ctx ends.
-func (c *Client) keepSocket(ctx context.Context, wid string, jobs []string, nudge func()) {
+// keepSocket holds the connection open and joined until rs.ctx ends.
+func (c *Client) keepSocket(rs *runState) {
+	ctx := rs.ctx
 	backoff := c.backoffMin
+	reregistered := false // a 404 right after re-registering waits out the backoff
 	for ctx.Err() == nil {
-		s, err := c.joinAll(ctx, wid, jobs, nudge)
+		wid := c.WorkerID()
+		s, err := c.joinAll(rs, wid)
 		if err != nil {
+			if errors.Is(err, ErrNotFound) && !reregistered && ctx.Err() == nil {
+				// The worker or one of its jobs is gone: register again and
+				// join at once.
+				if err = c.reregister(ctx, wid); err == nil {
+					reregistered = true
+					continue
+				}
+			}
+			reregistered = false
+			if errors.Is(err, ErrUnauthorized) || errors.Is(err, ErrForbidden) {
+				c.log.Error("joblib: the server refuses the token", "err", err)
+			}
 			select {
 			case <-ctx.Done():
 				return
@@ -148,12 +270,12 @@ func (c *Client) keepSocket(ctx context.Context, wid string, jobs []string, nudg
 			backoff = min(backoff*2, c.backoffMax)
 			continue
 		}
-		backoff = c.backoffMin
+		backoff, reregistered = c.backoffMin, false
 		c.mu.Lock()
 		c.sock = s
 		c.joins++
 		c.mu.Unlock()
-		nudge() // notices sent while disconnected were missed
+		rs.nudge() // notices sent while disconnected were missed
 		select {
 		case <-ctx.Done():
 			s.close()
@@ -165,31 +287,73 @@ func (c *Client) keepSocket(ctx context.Context, wid string, jobs []string, nudg
 	}
 }
 
-func (c *Client) joinAll(ctx context.Context, wid string, jobs []string, nudge func()) (*socket, error) {
-	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+// joinAll opens a connection and joins the rooms of every job and provider
+// as worker wid.
+func (c *Client) joinAll(rs *runState, wid string) (*socket, error) {
+	dctx, cancel := context.WithTimeout(rs.ctx, 10*time.Second)
 	defer cancel()
-	s, err := dialSocket(dctx, c.base, c.token, func(event string, _ []json.RawMessage) {
-		if event == "task_available" && !c.dropNotices {
-			nudge()
+	s, err := dialSocket(dctx, c.base, c.token, func(event string, args []json.RawMessage) {
+		switch event {
+		case "task_available":
+			if !c.dropNotices {
+				rs.nudge()
+			}
+		case "provider_request":
+			c.onProviderRequest(rs, args)
 		}
 	})
 	if err != nil {
 		return nil, err
 	}
-	for _, j := range jobs {
+	type join struct{ event, key, name string }
+	var joins []join
+	c.mu.Lock()
+	for _, j := range c.jobs {
+		joins = append(joins, join{"join_job_room", "job_name", j.room + ":" + j.category + ":" + j.name})
+	}
+	for _, p := range c.providers {
+		joins = append(joins, join{"join_provider_room", "provider_name", p.fullName})
+	}
+	c.mu.Unlock()
+	for _, j := range joins {
 		var ack struct {
 			OK     bool   `json:"ok"`
 			Status int    `json:"status"`
 			Detail string `json:"detail"`
 		}
-		if err := s.call(dctx, "join_job_room", map[string]string{"job_name": j, "worker_id": wid}, &ack); err != nil {
+		if err := s.call(dctx, j.event, map[string]string{j.key: j.name, "worker_id": wid}, &ack); err != nil {
 			s.kill()
-			return nil, fmt.Errorf("join %s: %w", j, err)
+			return nil, fmt.Errorf("join %s: %w", j.name, err)
 		}
 		if !ack.OK {
 			s.kill()
-			return nil, fmt.Errorf("join %s: %w", j, &ProblemError{Status: ack.Status, Detail: ack.Detail})
+			return nil, fmt.Errorf("join %s: %w", j.name, &ProblemError{Status: ack.Status, Detail: ack.Detail})
 		}
 	}
 	return s, nil
+}
+
+// onProviderRequest starts answering a provider_request. It runs on the
+// socket's read loop, so the handler runs in its own goroutine, at most
+// WithProviderConcurrency at once.
+func (c *Client) onProviderRequest(rs *runState, args []json.RawMessage) {
+	var ev providerRequest
+	if len(args) == 0 || json.Unmarshal(args[0], &ev) != nil {
+		return
+	}
+	reg := c.provider(ev.ProviderName)
+	if reg == nil {
+		return
+	}
+	rs.answers.Add(1)
+	go func() {
+		defer rs.answers.Done()
+		select {
+		case rs.slots <- struct{}{}:
+		case <-rs.ctx.Done():
+			return
+		}
+		defer func() { <-rs.slots }()
+		c.answer(rs.ctx, reg, ev)
+	}()
 }

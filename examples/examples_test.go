@@ -275,6 +275,10 @@ func TestGoWorkerExample(t *testing.T) {
 			if b, _ := json.Marshal(done["result"]); st != 200 || done["status"] != "completed" || done["worker_id"] != wid || string(b) != `{"echo":{"a":1}}` {
 				t.Fatalf("task %d %v %s\n%s", st, done, b, stderr)
 			}
+			st, read := e.call(t, "GET", "/rooms/gosdk/providers/gosdk:files:echo?x=1&y=%C3%A4", e.other, nil, "Prefer: wait=20")
+			if b, _ := json.Marshal(read); st != 200 || string(b) != `{"params":{"x":"1","y":"ä"}}` {
+				t.Fatalf("provider read %d %s\n%s", st, b, stderr)
+			}
 			if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 				t.Fatal(err)
 			}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/zndraw/joblib/events"
+	"github.com/zndraw/joblib/internal/canonical"
 	"github.com/zndraw/joblib/internal/limits"
 	"github.com/zndraw/joblib/models"
 )
@@ -246,8 +247,8 @@ func (s *Service) ReadProviderAs(ctx context.Context, p Principal, room, fullNam
 		out.Waited = true
 		out.Timeout = min(max(*wait, 0), st.ProviderLongPollMax)
 	}
-	canonical := CanonicalParams(params)
-	k := ResultKey{ProviderID: prov.ID, Hash: hashCanonical(canonical)}
+	canon := canonical.CanonicalParams(params)
+	k := ResultKey{ProviderID: prov.ID, Hash: canonical.Hash(canon)}
 	body, ok, err := s.cache.Get(ctx, k)
 	if err != nil {
 		return ProviderRead{}, err
@@ -256,7 +257,7 @@ func (s *Service) ReadProviderAs(ctx context.Context, p Principal, room, fullNam
 		out.Body, out.Cached, out.Waited = body, true, false
 		return out, nil
 	}
-	if err := s.dispatchRead(ctx, p, prov, k, canonical, st.ProviderInflightTTL); err != nil {
+	if err := s.dispatchRead(ctx, p, prov, k, canon, st.ProviderInflightTTL); err != nil {
 		return ProviderRead{}, err
 	}
 	body, ok, err = s.cache.Wait(ctx, k, out.Timeout)

@@ -1,5 +1,6 @@
 // Command go-worker is a joblib worker written with the Go SDK: it serves the
-// job <room>:modifiers:echo, answering each task with its payload, until
+// job <room>:modifiers:echo, answering each task with its payload, and the
+// provider <room>:files:echo, answering each read with its parameters, until
 // interrupted, then deletes its worker. It prints "ready <worker id>" once
 // serving and "stopped" after deleting its worker.
 //
@@ -43,6 +44,14 @@ func run(url, token, room string) error {
 	if err != nil {
 		return err
 	}
+	prov, err := c.RegisterProvider(ctx, client.ProviderSpec{Room: room, Category: "files", Name: "echo"},
+		func(ctx context.Context, params map[string]string) ([]byte, error) {
+			return json.Marshal(map[string]any{"params": params})
+		})
+	if err != nil {
+		return err
+	}
+	log.Printf("serving %s", prov.FullName)
 	fmt.Printf("ready %s\n", c.WorkerID()) // the worker id; it serves job.FullName
 	log.Printf("serving %s", job.FullName)
 	runErr := c.Run(ctx, func(ctx context.Context, t client.Task) (any, error) {

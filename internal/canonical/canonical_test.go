@@ -1,4 +1,4 @@
-package joblib
+package canonical
 
 import (
 	"encoding/json"
@@ -178,7 +178,7 @@ func FuzzCanonicalParams(f *testing.F) {
 				t.Fatalf("round trip of %q changed %q: %q", params, k, back[k])
 			}
 		}
-		if RequestHash(params) != hashCanonical(got) {
+		if RequestHash(params) != Hash(got) {
 			t.Fatal("hash is not the SHA-256 of the canonical form")
 		}
 	})

@@ -1,0 +1,196 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/zndraw/joblib/internal/dbtest"
+	"github.com/zndraw/joblib/models"
+)
+
+// The hash Run uploads under is the server's: the contract's vector.
+func TestRequestHash(t *testing.T) {
+	t.Parallel()
+	got := RequestHash(map[string]string{"path": "/data"})
+	if got != "cc2a66974085ce9f0bad658dea3cec4422bde979305a7bd08dd771bba5214ff2" {
+		t.Fatalf("RequestHash = %s", got)
+	}
+}
+
+// A provider served by Run: a reader's GET dispatches provider_request, the
+// handler gets the reader's parameters, and the SDK uploads the result under
+// the hash the server waits on (non-ASCII and HTML characters included, which
+// Go's encoding/json would hash differently). A second read comes from the
+// cache; a failing handler uploads nothing, so the reader times out.
+func TestRunProvider(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		ts := startServer(t, db, 5*time.Second)
+		ctx := context.Background()
+		c := dial(t, ts, WithPollInterval(time.Hour))
+		var calls atomic.Int32
+		prov, err := c.RegisterProvider(ctx, ProviderSpec{Room: "r1", Category: "files", Name: "list"},
+			func(ctx context.Context, params map[string]string) ([]byte, error) {
+				calls.Add(1)
+				if params["fail"] == "1" {
+					return nil, errors.New("no such directory")
+				}
+				return json.Marshal(params)
+			})
+		if err != nil {
+			t.Fatal(err)
+		}
+		png, err := c.RegisterProvider(ctx, ProviderSpec{Room: "r1", Category: "images", Name: "thumb", ContentType: "image/png"},
+			func(ctx context.Context, params map[string]string) ([]byte, error) {
+				return []byte{0x89, 'P', 'N', 'G', 0, 0xff}, nil
+			})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if prov.FullName != "r1:files:list" || prov.WorkerID == nil || *prov.WorkerID != c.WorkerID() {
+			t.Fatalf("provider %+v, worker %s", prov, c.WorkerID())
+		}
+		running(t, c, nil) // providers only: no task handler
+		eventually(t, "the socket joined", func() bool { return c.joinCount() == 1 })
+
+		reader := dial(t, ts)
+		params := map[string]string{"path": "/dätä<&>", "q": "x\ny\x7f\U0001F600"}
+		body, err := reader.Read(ctx, "r1", prov.FullName, params, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var echoed map[string]string
+		if err := json.Unmarshal(body, &echoed); err != nil || echoed["path"] != params["path"] || echoed["q"] != params["q"] {
+			t.Fatalf("read %q (%v), want the parameters back", body, err)
+		}
+		if _, err := reader.Read(ctx, "r1", prov.FullName, params, 5*time.Second); err != nil || calls.Load() != 1 {
+			t.Fatalf("second read: %v, handler called %d times, want once (cached)", err, calls.Load())
+		}
+
+		_, err = reader.Read(ctx, "r1", prov.FullName, map[string]string{"fail": "1"}, time.Second)
+		var pe *ProblemError
+		if !errors.Is(err, ErrProviderTimeout) || !errors.As(err, &pe) || pe.RetryAfter != 2*time.Second {
+			t.Fatalf("read of a failing provider: %v, want ErrProviderTimeout with Retry-After 2s", err)
+		}
+
+		req, _ := http.NewRequest(http.MethodGet, ts.url+"/v1/joblib/rooms/r1/providers/"+png.FullName+"?size=64", nil)
+		req.Header.Set("Authorization", "Bearer "+ts.token)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != 200 || res.Header.Get("Content-Type") != "image/png" {
+			t.Fatalf("binary provider: %d %s", res.StatusCode, res.Header.Get("Content-Type"))
+		}
+	})
+}
+
+// A server stopped with a task claimed and started again on the same
+// database and address: the SDK reconnects to the new process within the
+// grace, keeps its worker, completes the task it held across the restart
+// and takes new ones.
+func TestRunAcrossServerRestart(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := ln.Addr().String()
+		ts, stop := serveOn(t, db, 5*time.Second, ln)
+		c := dial(t, ts, WithPollInterval(200*time.Millisecond), WithReconnectBackoff(20*time.Millisecond, 100*time.Millisecond))
+		job, err := c.RegisterJob(context.Background(), "r1", "modifiers", "restart", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		started := make(chan struct{}, 1)
+		release := make(chan struct{})
+		running(t, c, func(ctx context.Context, task Task) (any, error) {
+			if string(task.Payload) == `{"hold":true}` {
+				started <- struct{}{}
+				<-release
+			}
+			return "done", nil
+		})
+		eventually(t, "the socket joined", func() bool { return c.joinCount() == 1 })
+		wid := c.WorkerID()
+		held := ts.submit(t, "r1", job.FullName, map[string]bool{"hold": true})
+		<-started
+
+		stop()
+		var ln2 net.Listener
+		eventually(t, "the address is free again", func() bool {
+			ln2, err = net.Listen("tcp", addr)
+			return err == nil
+		})
+		ts2, _ := serveOn(t, db, 5*time.Second, ln2)
+		eventually(t, "the socket re-joined the new server", func() bool { return c.joinCount() == 2 })
+		close(release)
+
+		got := ts2.waitDone(t, held)
+		if got.Status != "completed" || got.WorkerID == nil || *got.WorkerID != wid {
+			t.Fatalf("task held across the restart: %+v", got)
+		}
+		next := ts2.waitDone(t, ts2.submit(t, "r1", job.FullName, map[string]bool{"hold": false}))
+		if next.Status != "completed" || *next.WorkerID != wid || c.WorkerID() != wid {
+			t.Fatalf("task after the restart: %+v (worker now %s, was %s)", next, c.WorkerID(), wid)
+		}
+	})
+}
+
+// The server lost the worker (here an operator deleted it; a restart after
+// an outage longer than the grace does the same): Run registers a new
+// worker with the same job and provider, re-joins bound to it, and serves
+// both again without the program doing anything.
+func TestRunRegistersAgainWhenTheServerLostTheWorker(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		ts := startServer(t, db, 5*time.Second)
+		ctx := context.Background()
+		c := dial(t, ts, WithPollInterval(100*time.Millisecond), WithReconnectBackoff(20*time.Millisecond, 100*time.Millisecond))
+		job, err := c.RegisterJob(ctx, "r1", "modifiers", "again", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		prov, err := c.RegisterProvider(ctx, ProviderSpec{Room: "r1", Category: "files", Name: "again"},
+			func(ctx context.Context, params map[string]string) ([]byte, error) { return []byte(`"here"`), nil })
+		if err != nil {
+			t.Fatal(err)
+		}
+		running(t, c, func(ctx context.Context, task Task) (any, error) { return "again", nil })
+		eventually(t, "the socket joined", func() bool { return c.joinCount() == 1 })
+		old := c.WorkerID()
+
+		if st := ts.rest(t, http.MethodDelete, "/workers/"+old, nil, nil, nil); st != http.StatusNoContent {
+			t.Fatalf("delete worker: %d", st)
+		}
+		eventually(t, "a new worker", func() bool { w := c.WorkerID(); return w != "" && w != old })
+		eventually(t, "the socket re-joined as the new worker", func() bool { return c.joinCount() >= 2 })
+		wid := c.WorkerID()
+
+		got := ts.waitDone(t, ts.submit(t, "r1", job.FullName, map[string]any{}))
+		if got.Status != "completed" || *got.WorkerID != wid {
+			t.Fatalf("task after re-registration: %+v, want completed by %s", got, wid)
+		}
+		body, err := dial(t, ts).Read(ctx, "r1", prov.FullName, nil, 5*time.Second)
+		if err != nil || string(body) != `"here"` {
+			t.Fatalf("provider after re-registration: %q %v", body, err)
+		}
+		if err := c.Heartbeat(ctx); err != nil {
+			t.Fatalf("heartbeat of the new worker: %v", err)
+		}
+		c.mu.Lock()
+		n := c.reregs
+		c.mu.Unlock()
+		if n != 1 {
+			t.Fatalf("%d workers re-created, want 1", n)
+		}
+	})
+}
