@@ -28,6 +28,13 @@
 //	go run ./bench/soak -db postgres -duration 3m
 //
 // Run it from the repository root (it builds ./cmd/joblib unless -bin is given).
+//
+// With -measure it takes one of the reliability figures instead (see
+// reliability.go and BENCHMARKS.md):
+//
+//	go run ./bench/soak -measure detection -n 20        # latency per cleanup path
+//	go run ./bench/soak -measure false-positives -duration 10m -socket-workers 50 -rest-workers 50
+//	go run ./bench/soak -measure sigkill -n 20          # SIGKILL → the UI's task_status_event
 package main
 
 import (
@@ -62,6 +69,13 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "hold-worker" {
+		if err := holdWorker(os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "hold-worker:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(context.Background(), os.Args[1:], os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "soak:", err)
 		os.Exit(1)
@@ -82,8 +96,13 @@ type options struct {
 	sample        time.Duration
 	retention     time.Duration
 	workerTimeout time.Duration
+	sweepInterval time.Duration
+	grace         time.Duration
 	keep          bool
 	vacuum        time.Duration
+	measure       string // "" (the soak), detection, false-positives or sigkill
+	n             int    // workers per path (detection), rounds (sigkill)
+	stress        bool
 }
 
 const maxDuration = 2 * time.Hour
@@ -104,6 +123,11 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.DurationVar(&o.sample, "sample", 15*time.Second, "resource sampling period")
 	fs.DurationVar(&o.retention, "retention", time.Minute, "JOBLIB_TASK_RETENTION_COMPLETED and _FAILED of the server (0 keeps tasks)")
 	fs.DurationVar(&o.workerTimeout, "worker-timeout", 10*time.Second, "JOBLIB_WORKER_TIMEOUT of the server")
+	fs.DurationVar(&o.sweepInterval, "sweeper-interval", 2*time.Second, "JOBLIB_SWEEPER_INTERVAL of the server")
+	fs.DurationVar(&o.grace, "grace", 2*time.Second, "JOBLIB_DISCONNECT_GRACE of the server")
+	fs.StringVar(&o.measure, "measure", "", "instead of the soak, measure: detection (latency per cleanup path), false-positives (live workers reaped under load) or sigkill (a worker's SIGKILL to the UI's task_status_event)")
+	fs.IntVar(&o.n, "n", 20, "-measure detection: workers per cleanup path; sigkill: rounds")
+	fs.BoolVar(&o.stress, "stress", true, "-measure false-positives: run stress-ng on every CPU beside the server for the whole -duration")
 	fs.BoolVar(&o.keep, "keep", false, "keep the database (schema or file) afterwards")
 	fs.DurationVar(&o.vacuum, "vacuum", time.Minute, "PostgreSQL with autovacuum off (CI machines): VACUUM the tables this often, as autovacuum would (0: never)")
 	if err := fs.Parse(args); err != nil {
@@ -141,7 +165,17 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	defer h.killServer()
-	return h.soak(ctx)
+	switch o.measure {
+	case "":
+		return h.soak(ctx)
+	case "detection":
+		return h.measureDetection(ctx)
+	case "false-positives":
+		return h.measureFalsePositives(ctx)
+	case "sigkill":
+		return h.measureSigkill(ctx)
+	}
+	return fmt.Errorf("-measure must be detection, false-positives or sigkill, not %q", o.measure)
 }
 
 func cmpOr(a, b string) string {
@@ -267,12 +301,14 @@ func (h *harness) startServer(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	b := make([]byte, 12)
-	_, _ = crand.Read(b)
-	h.token = "jl_soak" + hex.EncodeToString(b)
+	if h.token == "" {
+		b := make([]byte, 12)
+		_, _ = crand.Read(b)
+		h.token = "jl_soak" + hex.EncodeToString(b)
+	}
 	h.base = "http://" + addr
 	h.logPath = filepath.Join(h.tmp, "serve.log")
-	logf, err := os.Create(h.logPath)
+	logf, err := os.OpenFile(h.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return err
 	}
@@ -281,7 +317,7 @@ func (h *harness) startServer(ctx context.Context) error {
 	h.cmd.Env = append(os.Environ(),
 		"JOBLIB_DATABASE_URL="+h.dbURL, "JOBLIB_LISTEN_ADDR="+addr, "JOBLIB_ADMIN_TOKEN="+h.token,
 		"JOBLIB_NODE_ID=soak", "JOBLIB_LOG_LEVEL=warn", "JOBLIB_LOG_FORMAT=json",
-		"JOBLIB_WORKER_TIMEOUT="+h.o.workerTimeout.String(), "JOBLIB_SWEEPER_INTERVAL=2s", "JOBLIB_DISCONNECT_GRACE=2s",
+		"JOBLIB_WORKER_TIMEOUT="+h.o.workerTimeout.String(), "JOBLIB_SWEEPER_INTERVAL="+h.o.sweepInterval.String(), "JOBLIB_DISCONNECT_GRACE="+h.o.grace.String(),
 		"JOBLIB_TASK_RETENTION_COMPLETED="+ret, "JOBLIB_TASK_RETENTION_FAILED="+ret,
 	)
 	h.cmd.Stdout, h.cmd.Stderr = logf, logf
@@ -312,11 +348,13 @@ func (h *harness) startServer(ctx context.Context) error {
 			return errors.New("server not ready within 60s")
 		}
 	}
-	db, err := models.Open(ctx, h.dbURL, models.OpenOptions{})
-	if err != nil {
-		return fmt.Errorf("open the database for accounting: %w", err)
+	if h.db == nil {
+		db, err := models.Open(ctx, h.dbURL, models.OpenOptions{})
+		if err != nil {
+			return fmt.Errorf("open the database for accounting: %w", err)
+		}
+		h.db = db
 	}
-	h.db = db
 	return nil
 }
 
