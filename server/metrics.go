@@ -50,8 +50,8 @@ func NewMetrics(reg prometheus.Registerer, svc *joblib.Service) (*Metrics, error
 			Name: "joblib_workers_cleaned_total", Help: "Workers removed by a cleanup, by path (graceful, disconnect, sweeper, startup, operator).",
 		}, []string{"path"}),
 		DetectionLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "joblib_worker_detection_latency_seconds",
-			Help:    "Database time of a worker's cleanup minus its last heartbeat, by path.",
+			Name: "joblib_worker_detection_latency_seconds",
+			Help: "Database time of a worker's cleanup minus its last heartbeat, by path.",
 			// Fine around the defaults' detection times (a 5 s grace, a 60 s
 			// timeout plus a 30 s sweep), so quantiles read from it are close.
 			Buckets: []float64{0.1, 0.25, 0.5, 1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30, 45, 60, 70, 80, 90, 105, 120, 180, 300, 600, 3600},
