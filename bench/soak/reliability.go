@@ -41,7 +41,8 @@ import (
 //   - graceful: REST workers that heartbeat, wait up to 1 s and delete
 //     themselves;
 //   - disconnect: socket workers whose connection is dropped without a word;
-//   - sweeper: REST workers that stop heartbeating.
+//   - sweeper: REST workers that stop heartbeating, spread over one sweep
+//     interval.
 func (h *harness) measureDetection(ctx context.Context) error {
 	o := h.o
 	fmt.Fprintf(h.out, "detection: %s on %s, %d workers per path; worker timeout %s, sweeper interval %s, disconnect grace %s\n",
@@ -100,6 +101,9 @@ func (h *harness) measureDetection(ctx context.Context) error {
 			dead(wid, time.Now())
 		})
 		wg.Go(func() { // sweeper: registered (a heartbeat), then silent
+			// Spread over one sweep interval, so that the deaths fall at
+			// every phase of the sweeper's period, not all at one.
+			time.Sleep(time.Duration(rand.Int64N(int64(o.sweepInterval))))
 			wid, err := h.register(ctx)
 			if err != nil {
 				errs <- err
