@@ -25,12 +25,28 @@ func TestServeConcurrentStartEmptyDatabase(t *testing.T) {
 	for i := range procs {
 		procs[i] = launchServe(t, "JOBLIB_DATABASE_URL="+dbURL)
 	}
-	var tokens []string
 	for _, p := range procs {
 		p.waitListening(t)
-		if m := printedToken.FindStringSubmatch(p.stdout.String()); m != nil {
-			tokens = append(tokens, m[1])
+	}
+	// A node's stdout (the token) and stderr (its logs) reach the test
+	// through separate pipes: wait until some token has arrived and every
+	// node that logged making one has its token in.
+	printed := func() (tokens []string, complete bool) {
+		complete = true
+		for _, p := range procs {
+			m := printedToken.FindStringSubmatch(p.stdout.String())
+			if m != nil {
+				tokens = append(tokens, m[1])
+			} else if strings.Contains(p.stderr.String(), "created the initial admin token") {
+				complete = false
+			}
 		}
+		return tokens, complete && len(tokens) > 0
+	}
+	tokens, complete := printed()
+	for deadline := time.Now().Add(10 * time.Second); !complete && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+		tokens, complete = printed()
 	}
 	if len(tokens) != 1 {
 		t.Fatalf("%d nodes printed a first admin token, want exactly 1: %q", len(tokens), tokens)

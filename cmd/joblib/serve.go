@@ -213,12 +213,12 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	hs.RegisterOnShutdown(svc.Drain)
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
-	log.Info("listening", "addr", ln.Addr().String(), "database", db.Dialect(), "url", models.Describe(cfg.DatabaseURL))
 	if token != "" {
 		fmt.Fprintf(stdout, "No users yet: created superuser \"admin\" with this API token (shown once;\n"+
 			"`joblib token create --user NAME --superuser` makes another):\n%s\n", token)
 		log.Info("created the initial admin token; it was printed to stdout")
 	}
+	log.Info("listening", "addr", ln.Addr().String(), "database", db.Dialect(), "url", models.Describe(cfg.DatabaseURL))
 
 	select {
 	case err := <-errc:
