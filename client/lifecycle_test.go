@@ -194,3 +194,76 @@ func TestRunRegistersAgainWhenTheServerLostTheWorker(t *testing.T) {
 		}
 	})
 }
+
+// WithProviderConcurrency bounds the provider handlers running at once:
+// reads of distinct parameters arrive together, and no more than the bound
+// run at the same moment, while the bound is reached.
+func TestRunProviderConcurrency(t *testing.T) {
+	t.Parallel()
+	db := dbtest.Open(t, models.SQLite)
+	ts := startServer(t, db, 5*time.Second)
+	ctx := context.Background()
+	const bound, reads = 2, 6
+	c := dial(t, ts, WithPollInterval(time.Hour), WithProviderConcurrency(bound))
+	var now, peak atomic.Int32
+	prov, err := c.RegisterProvider(ctx, ProviderSpec{Room: "r1", Category: "files", Name: "slow"},
+		func(ctx context.Context, params map[string]string) ([]byte, error) {
+			n := now.Add(1)
+			for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+			}
+			// Hold until the bound is reached (or 2 s), then a little more, so
+			// that the peak does not depend on how fast the reads arrive.
+			for deadline := time.Now().Add(2 * time.Second); now.Load() < bound && time.Now().Before(deadline); {
+				time.Sleep(5 * time.Millisecond)
+			}
+			time.Sleep(50 * time.Millisecond)
+			now.Add(-1)
+			return []byte(`"` + params["i"] + `"`), nil
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	running(t, c, nil)
+	eventually(t, "the socket joined", func() bool { return c.joinCount() == 1 })
+	reader := dial(t, ts)
+	errs := make(chan error, reads)
+	for i := range reads {
+		go func() {
+			body, err := reader.Read(ctx, "r1", prov.FullName, map[string]string{"i": string(rune('a' + i))}, 10*time.Second)
+			if err == nil && string(body) != `"`+string(rune('a'+i))+`"` {
+				err = errors.New("read " + string(body))
+			}
+			errs <- err
+		}()
+	}
+	for range reads {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if p := peak.Load(); p != bound {
+		t.Fatalf("%d provider handlers ran at once, want %d", p, bound)
+	}
+}
+
+// Run refuses to start without something to serve, and jobs without a
+// handler.
+func TestRunNeedsRegistrations(t *testing.T) {
+	t.Parallel()
+	db := dbtest.Open(t, models.SQLite)
+	ts := startServer(t, db, 5*time.Second)
+	ctx := context.Background()
+	c := dial(t, ts)
+	if err := c.Run(ctx, func(context.Context, Task) (any, error) { return nil, nil }); err == nil {
+		t.Fatal("Run with nothing registered returned nil")
+	}
+	if _, err := c.RegisterJob(ctx, "r1", "modifiers", "x", nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Run(ctx, nil); err == nil {
+		t.Fatal("Run with a job and no handler returned nil")
+	}
+	if _, err := c.RegisterProvider(ctx, ProviderSpec{Room: "r1", Category: "files", Name: "x"}, nil); err == nil {
+		t.Fatal("a provider without a handler was registered")
+	}
+}
