@@ -9,6 +9,10 @@
 //   - the raw loop: one `UPDATE … FOR UPDATE SKIP LOCKED RETURNING` claim and
 //     one completing UPDATE per task, autocommit, over pgx.
 //
+// With -floor a third system runs too: the same three HTTP requests per
+// task to a server that runs only the raw loop's statements, the most any
+// server speaking the contract over HTTP could reach here.
+//
 // W workers loop until the round's queue is empty. It prints, per system,
 // the median over rounds of tasks/s, the claim p50/p99 over every claim,
 // statements per task and CPU per task (this process; the PostgreSQL
@@ -59,6 +63,7 @@ type options struct {
 	notifyAfterCommit      bool
 	setupSQL               string
 	params                 string
+	floor                  bool
 }
 
 func main() {
@@ -74,6 +79,7 @@ func main() {
 	flag.StringVar(&o.setupSQL, "setup-sql", "", "SQL run on joblib's schema after the migrations (experiments: an index or trigger less)")
 	flag.StringVar(&o.params, "params", "", "extra connection parameters for joblib's pool (experiments: plan_cache_mode=force_generic_plan)")
 	flag.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the joblib rounds to this file")
+	flag.BoolVar(&o.floor, "floor", false, "PostgreSQL: also run the HTTP floor, the contract's three requests per task to a server that runs only the raw loop's statements")
 	flag.Parse()
 	if err := run(context.Background(), o); err != nil {
 		log.Print(err)
@@ -102,12 +108,12 @@ func run(ctx context.Context, o options) error {
 	}
 	defer cleanup()
 	var statements atomic.Int64
-	jurl, rurl := url, url
+	jurl, rurl, furl := url, url, url
 	if o.db != "" {
 		// Each system's backends carry their own application_name, so the
 		// bench can read their CPU time from /proc.
 		tag := fmt.Sprintf("claimbench%d", os.Getpid())
-		jurl, rurl = url+"&application_name="+tag+"j", url+"&application_name="+tag+"r"
+		jurl, rurl, furl = url+"&application_name="+tag+"j", url+"&application_name="+tag+"r", url+"&application_name="+tag+"f"
 		if o.params != "" {
 			jurl += "&" + o.params
 		}
@@ -141,13 +147,20 @@ func run(ctx context.Context, o options) error {
 		}
 		defer rb.close()
 	}
+	var fb *floorBench
+	if rb != nil && o.floor {
+		if fb, err = newFloorBench(ctx, furl, o); err != nil {
+			return err
+		}
+		defer fb.close()
+	}
 	if o.cpuprofile != "" {
 		if jb.prof, err = os.Create(o.cpuprofile); err != nil {
 			return err
 		}
 		defer jb.prof.Close()
 	}
-	var jrs, rrs []result
+	var jrs, rrs, frs []result
 	for range o.rounds {
 		jr, err := jb.round(ctx)
 		if err != nil {
@@ -160,6 +173,13 @@ func run(ctx context.Context, o options) error {
 				return err
 			}
 			rrs = append(rrs, rr)
+		}
+		if fb != nil {
+			fr, err := fb.round(ctx)
+			if err != nil {
+				return err
+			}
+			frs = append(frs, fr)
 		}
 	}
 	label := "joblib"
@@ -179,6 +199,14 @@ func run(ctx context.Context, o options) error {
 			fmt.Printf(" %.2f", rate(jrs[i])/rate(rrs[i]))
 		}
 		fmt.Println(")")
+		if fb != nil {
+			ft := summary("http-floor", frs, true)
+			fmt.Printf("ratio http-floor/raw=%.2f (per round:", ft/rt)
+			for i := range frs {
+				fmt.Printf(" %.2f", rate(frs[i])/rate(rrs[i]))
+			}
+			fmt.Printf(") joblib/http-floor=%.2f\n", jt/ft)
+		}
 	}
 	return nil
 }
@@ -296,8 +324,6 @@ func (b *joblibBench) round(ctx context.Context) (result, error) {
 	if err, _ := failed.Load().(error); err != nil {
 		return result{}, err
 	}
-	lat := make([][]time.Duration, b.o.workers)
-	done := make([]int, b.o.workers)
 	if b.prof != nil {
 		if err := pprof.StartCPUProfile(b.prof); err != nil {
 			return result{}, err
@@ -306,11 +332,36 @@ func (b *joblibBench) round(ctx context.Context) (result, error) {
 	s0 := b.statements.Load()
 	c0, p0 := sampleCPU(), backendCPU(ctx, "j")
 	start := time.Now()
-	for w := range b.o.workers {
+	claims, tasks, err := httpLoop(b.o.workers, func(w int) ([]string, error) { return b.claim(b.wids[w]) }, b.c)
+	r := result{elapsed: time.Since(start), claims: claims, statements: b.statements.Load() - s0, tasks: tasks}
+	r.proc, r.machine = sampleCPU().since(c0)
+	r.pg = backendCPU(ctx, "j").since(p0)
+	if b.prof != nil {
+		pprof.StopCPUProfile()
+		b.prof = nil
+	}
+	if err != nil {
+		return result{}, err
+	}
+	if r.tasks != b.o.tasks {
+		return result{}, fmt.Errorf("joblib processed %d tasks, want %d", r.tasks, b.o.tasks)
+	}
+	return r, nil
+}
+
+// httpLoop runs the contract's flow with workers concurrent workers until
+// claim finds nothing: claim, then PATCH running and PATCH completed for
+// each claimed task. It returns every claim's latency and the tasks done.
+func httpLoop(workers int, claim func(w int) ([]string, error), c *client) ([]time.Duration, int, error) {
+	lat := make([][]time.Duration, workers)
+	done := make([]int, workers)
+	var failed atomic.Value
+	var wg sync.WaitGroup
+	for w := range workers {
 		wg.Go(func() {
 			for {
 				t0 := time.Now()
-				ids, err := b.claim(b.wids[w])
+				ids, err := claim(w)
 				if err != nil {
 					failed.Store(err)
 					return
@@ -321,7 +372,7 @@ func (b *joblibBench) round(ctx context.Context) (result, error) {
 				lat[w] = append(lat[w], time.Since(t0))
 				for _, id := range ids {
 					for _, st := range []string{"running", "completed"} {
-						if err := b.c.do("PATCH", "/tasks/"+id, map[string]any{"status": st}, nil); err != nil {
+						if err := c.do("PATCH", "/tasks/"+id, map[string]any{"status": st}, nil); err != nil {
 							failed.Store(err)
 							return
 						}
@@ -332,23 +383,12 @@ func (b *joblibBench) round(ctx context.Context) (result, error) {
 		})
 	}
 	wg.Wait()
-	r := result{elapsed: time.Since(start), claims: slices.Concat(lat...), statements: b.statements.Load() - s0}
-	r.proc, r.machine = sampleCPU().since(c0)
-	r.pg = backendCPU(ctx, "j").since(p0)
-	if b.prof != nil {
-		pprof.StopCPUProfile()
-		b.prof = nil
+	n := 0
+	for _, d := range done {
+		n += d
 	}
-	if err, _ := failed.Load().(error); err != nil {
-		return result{}, err
-	}
-	for _, n := range done {
-		r.tasks += n
-	}
-	if r.tasks != b.o.tasks {
-		return result{}, fmt.Errorf("joblib processed %d tasks, want %d", r.tasks, b.o.tasks)
-	}
-	return r, nil
+	err, _ := failed.Load().(error)
+	return slices.Concat(lat...), n, err
 }
 
 func (b *joblibBench) claim(wid string) ([]string, error) {
@@ -460,6 +500,122 @@ func (b *rawBench) round(ctx context.Context) (result, error) {
 	r.tasks = len(r.claims)
 	if r.tasks != b.o.tasks {
 		return result{}, fmt.Errorf("raw loop processed %d tasks, want %d", r.tasks, b.o.tasks)
+	}
+	return r, nil
+}
+
+// floorBench is the contract's flow at its least: the same three HTTP
+// requests per task (with -batch N, one claim for up to N tasks and the two
+// PATCHes per task), to a server that runs the raw loop's statements (and
+// one for "running") and nothing else: no authentication, no owner checks,
+// no events. Its ratio to the raw loop is the most that any server speaking
+// the contract over HTTP could reach on this machine.
+type floorBench struct {
+	o          options
+	pool       *pgxpool.Pool
+	srv        *httptest.Server
+	c          *client
+	statements atomic.Int64
+}
+
+func newFloorBench(ctx context.Context, url string, o options) (*floorBench, error) {
+	b := &floorBench{o: o}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns = 32
+	cfg.ConnConfig.Tracer = counter{&b.statements}
+	if b.pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
+		return nil, err
+	}
+	_, err = b.pool.Exec(ctx, `CREATE TABLE floor_tasks (id bigserial PRIMARY KEY, status text NOT NULL DEFAULT 'pending',
+		worker int, payload jsonb, claimed_at timestamptz, started_at timestamptz, completed_at timestamptz);
+		CREATE INDEX floor_tasks_pending ON floor_tasks (id) WHERE status = 'pending'`)
+	if err != nil {
+		b.pool.Close()
+		return nil, fmt.Errorf("create floor_tasks: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /tasks/claim", func(w http.ResponseWriter, r *http.Request) {
+		var in struct {
+			Worker int `json:"worker_id,string"`
+		}
+		_ = json.NewDecoder(r.Body).Decode(&in)
+		rows, err := b.pool.Query(r.Context(), `UPDATE floor_tasks SET status = 'claimed', worker = $1, claimed_at = now()
+			WHERE id IN (SELECT id FROM floor_tasks WHERE status = 'pending' ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)
+			RETURNING id`, in.Worker, max(o.batch, 1))
+		var ids []int64
+		if err == nil {
+			ids, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+		}
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		tasks := make([]map[string]any, len(ids))
+		for i, id := range ids {
+			tasks[i] = map[string]any{"id": strconv.FormatInt(id, 10), "status": "claimed"}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(map[string]any{"tasks": tasks})
+	})
+	mux.HandleFunc("PATCH /tasks/{id}", func(w http.ResponseWriter, r *http.Request) {
+		var in struct {
+			Status string `json:"status"`
+		}
+		_ = json.NewDecoder(r.Body).Decode(&in)
+		col := "completed_at"
+		if in.Status == "running" {
+			col = "started_at"
+		}
+		if _, err := b.pool.Exec(r.Context(), "UPDATE floor_tasks SET status = $2, "+col+" = now() WHERE id = $1", r.PathValue("id"), in.Status); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(map[string]any{"id": r.PathValue("id"), "status": in.Status})
+	})
+	b.srv = httptest.NewServer(mux)
+	b.c = &client{base: b.srv.URL, http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: o.workers * 2}}}
+	return b, nil
+}
+
+func (b *floorBench) close() {
+	b.srv.Close()
+	b.pool.Close()
+}
+
+func (b *floorBench) round(ctx context.Context) (result, error) {
+	if _, err := b.pool.Exec(ctx, "INSERT INTO floor_tasks (payload) SELECT jsonb_build_object('i', i) FROM generate_series(1, $1) i", b.o.tasks); err != nil {
+		return result{}, fmt.Errorf("fill floor_tasks: %w", err)
+	}
+	s0 := b.statements.Load()
+	c0, p0 := sampleCPU(), backendCPU(ctx, "f")
+	start := time.Now()
+	claims, tasks, err := httpLoop(b.o.workers, func(w int) ([]string, error) {
+		var out struct {
+			Tasks []struct {
+				ID string `json:"id"`
+			} `json:"tasks"`
+		}
+		if err := b.c.do("POST", "/tasks/claim", map[string]any{"worker_id": strconv.Itoa(w)}, &out); err != nil {
+			return nil, err
+		}
+		ids := make([]string, len(out.Tasks))
+		for i, t := range out.Tasks {
+			ids[i] = t.ID
+		}
+		return ids, nil
+	}, b.c)
+	r := result{elapsed: time.Since(start), claims: claims, statements: b.statements.Load() - s0, tasks: tasks}
+	r.proc, r.machine = sampleCPU().since(c0)
+	r.pg = backendCPU(ctx, "f").since(p0)
+	if err != nil {
+		return result{}, err
+	}
+	if r.tasks != b.o.tasks {
+		return result{}, fmt.Errorf("HTTP floor processed %d tasks, want %d", r.tasks, b.o.tasks)
 	}
 	return r, nil
 }
