@@ -430,23 +430,32 @@ type rawBench struct {
 
 func newRawBench(ctx context.Context, url string, o options) (*rawBench, error) {
 	b := &rawBench{o: o}
+	var err error
+	b.pool, err = taskPool(ctx, url, "raw_tasks", &b.statements)
+	return b, err
+}
+
+// taskPool opens a counted pool and creates table, the least a task table
+// needs: an id, a status with a partial index on pending, timestamps.
+func taskPool(ctx context.Context, url, table string, statements *atomic.Int64) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, err
 	}
 	cfg.MaxConns = 32
-	cfg.ConnConfig.Tracer = counter{&b.statements}
-	if b.pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
+	cfg.ConnConfig.Tracer = counter{statements}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
 		return nil, err
 	}
-	_, err = b.pool.Exec(ctx, `CREATE TABLE raw_tasks (id bigserial PRIMARY KEY, status text NOT NULL DEFAULT 'pending',
-		worker int, payload jsonb, claimed_at timestamptz, completed_at timestamptz);
-		CREATE INDEX raw_tasks_pending ON raw_tasks (id) WHERE status = 'pending'`)
+	_, err = pool.Exec(ctx, `CREATE TABLE `+table+` (id bigserial PRIMARY KEY, status text NOT NULL DEFAULT 'pending',
+		worker int, payload jsonb, claimed_at timestamptz, started_at timestamptz, completed_at timestamptz);
+		CREATE INDEX `+table+`_pending ON `+table+` (id) WHERE status = 'pending'`)
 	if err != nil {
-		b.pool.Close()
-		return nil, fmt.Errorf("create raw_tasks: %w", err)
+		pool.Close()
+		return nil, fmt.Errorf("create %s: %w", table, err)
 	}
-	return b, nil
+	return pool, nil
 }
 
 func (b *rawBench) close() { b.pool.Close() }
@@ -520,21 +529,9 @@ type floorBench struct {
 
 func newFloorBench(ctx context.Context, url string, o options) (*floorBench, error) {
 	b := &floorBench{o: o}
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
+	var err error
+	if b.pool, err = taskPool(ctx, url, "floor_tasks", &b.statements); err != nil {
 		return nil, err
-	}
-	cfg.MaxConns = 32
-	cfg.ConnConfig.Tracer = counter{&b.statements}
-	if b.pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
-		return nil, err
-	}
-	_, err = b.pool.Exec(ctx, `CREATE TABLE floor_tasks (id bigserial PRIMARY KEY, status text NOT NULL DEFAULT 'pending',
-		worker int, payload jsonb, claimed_at timestamptz, started_at timestamptz, completed_at timestamptz);
-		CREATE INDEX floor_tasks_pending ON floor_tasks (id) WHERE status = 'pending'`)
-	if err != nil {
-		b.pool.Close()
-		return nil, fmt.Errorf("create floor_tasks: %w", err)
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /tasks/claim", func(w http.ResponseWriter, r *http.Request) {
