@@ -10,7 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+	"github.com/zndraw/joblib/events"
 	"github.com/zndraw/joblib/internal/dbtest"
+	"github.com/zndraw/joblib/joblib"
 	"github.com/zndraw/joblib/models"
 )
 
@@ -266,4 +269,51 @@ func TestRunNeedsRegistrations(t *testing.T) {
 	if _, err := c.RegisterProvider(ctx, ProviderSpec{Room: "r1", Category: "files", Name: "x"}, nil); err == nil {
 		t.Fatal("a provider without a handler was registered")
 	}
+}
+
+// A server that comes back without the worker (cleaned while it was down,
+// as startup recovery does to a worker whose grace ran out): the SDK's
+// re-join is refused, so it registers again before joining — with no poll
+// to notice otherwise — and takes the next task by push.
+func TestRunRegistersAgainAfterARestartLostTheWorker(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := ln.Addr().String()
+		ts, stop := serveOn(t, db, 5*time.Second, ln)
+		c := dial(t, ts, WithPollInterval(time.Hour), WithReconnectBackoff(20*time.Millisecond, 100*time.Millisecond))
+		job, err := c.RegisterJob(context.Background(), "r1", "modifiers", "lost", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		running(t, c, func(ctx context.Context, task Task) (any, error) { return "back", nil })
+		eventually(t, "the socket joined", func() bool { return c.joinCount() == 1 })
+		old := c.WorkerID()
+		stop()
+
+		// While no server runs, the worker is cleaned up.
+		svc := joblib.New(joblib.Config{DB: db, Bus: events.NewLocalBus(), Settings: joblib.DefaultSettings()})
+		if _, err := svc.CleanupWorker(context.Background(), uuid.MustParse(old), joblib.CleanupParams{Path: joblib.PathStartup}); err != nil {
+			t.Fatal(err)
+		}
+		svc.Close()
+
+		var ln2 net.Listener
+		eventually(t, "the address is free again", func() bool {
+			ln2, err = net.Listen("tcp", addr)
+			return err == nil
+		})
+		ts2, _ := serveOn(t, db, 5*time.Second, ln2)
+		eventually(t, "a new worker joined", func() bool {
+			w := c.WorkerID()
+			return w != "" && w != old && c.joinCount() == 2
+		})
+		got := ts2.waitDone(t, ts2.submit(t, "r1", job.FullName, map[string]any{}))
+		if got.Status != "completed" || *got.WorkerID != c.WorkerID() || string(got.Result) != `"back"` {
+			t.Fatalf("task after the restart: %+v", got)
+		}
+	})
 }
