@@ -2,6 +2,7 @@ package events
 
 import (
 	"encoding/json"
+	"slices"
 )
 
 // Emission is one event bound for one room.
@@ -13,10 +14,15 @@ type Emission struct {
 	// emission has no such name). Socket.IO connection state recovery sends
 	// it to clients and replays what follows it.
 	Offset string
+
+	payload json.RawMessage // Event's JSON, kept by Set.Add
 }
 
 // Payload is the JSON object sent as the event's single argument.
 func (e Emission) Payload() json.RawMessage {
+	if e.payload != nil {
+		return e.payload
+	}
 	b, err := json.Marshal(e.Event)
 	if err != nil {
 		// Every Event type is a plain struct of JSON-safe fields.
@@ -36,7 +42,10 @@ type Set struct {
 // Add records an event for a room unless the same pair is already in the set.
 func (s *Set) Add(room string, ev Event) {
 	em := Emission{Room: room, Event: ev}
-	key := room + "\x00" + ev.EventName() + "\x00" + string(em.Payload())
+	// The key needs the JSON; publishing reuses it. Clipped, so that a
+	// reader appending to it copies instead of writing into shared bytes.
+	em.payload = slices.Clip(em.Payload())
+	key := room + "\x00" + ev.EventName() + "\x00" + string(em.payload)
 	if s.seen == nil {
 		s.seen = map[string]struct{}{}
 	}

@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -64,6 +66,7 @@ func (r *CleanupResult) add(out models.CleanupOutcome) {
 			r.FrameRooms = appendUniqueStr(r.FrameRooms, fr)
 		}
 	}
+	r.Tasks = slices.Grow(r.Tasks, len(out.Tasks))
 	for _, t := range out.Tasks {
 		r.Tasks = append(r.Tasks, taskView(t))
 	}
@@ -120,7 +123,7 @@ func (s *Service) cleanupTx(ctx context.Context, p CleanupParams, fn func(q *mod
 		}
 		res = CleanupResult{}
 		res.add(out)
-		cleanupEmissions(out, em)
+		cleanupEmissions(res.Tasks, out, em)
 		return nil
 	})
 	if err != nil {
@@ -142,7 +145,7 @@ func (r *CleanupResult) merge(o CleanupResult) {
 		r.FrameRooms = appendUniqueStr(r.FrameRooms, fr)
 	}
 	r.Workers = append(r.Workers, o.Workers...)
-	r.Tasks = append(r.Tasks, o.Tasks...)
+	r.Tasks = append(r.Tasks, o.Tasks...) // append grows by at least twice: amortised over a sweep's batches
 }
 
 // observe tells the observers about a cleanup that removed something.
@@ -165,10 +168,10 @@ func (s *Service) OnCleanup(o CleanupObserver) {
 	s.observers = append(s.observers, o)
 }
 
-// cleanupEmissions builds the events of contract §6.2 for a cleanup.
-func cleanupEmissions(out models.CleanupOutcome, em *events.Set) {
-	for _, t := range out.Tasks {
-		v := taskView(t)
+// cleanupEmissions builds the events of contract §6.2 for a cleanup; tasks
+// are out.Tasks as views (CleanupResult.add made them).
+func cleanupEmissions(tasks []Task, out models.CleanupOutcome, em *events.Set) {
+	for _, v := range tasks {
 		em.Add(events.Room(v.RoomID), statusEvent(v))
 		if v.Status == models.StatusPending && v.JobName != "" {
 			em.Add(events.JobRoom(v.JobName), events.TaskAvailable{JobName: v.JobName, RoomID: v.RoomID, TaskID: v.ID.String()})
@@ -235,12 +238,18 @@ type SweepReport struct {
 	Took          time.Duration
 }
 
+// sweepLanes is how many batch transactions a sweep runs at once. Two keep
+// both the database and this process busy (a batch alternates between
+// them); on SQLite, with its one connection, they simply take turns.
+const sweepLanes = 2
+
 // errRollback ends a dry-run transaction.
 var errRollback = errors.New("dry run: roll back")
 
 // Sweep cleans every worker whose last heartbeat is older than the threshold
 // by the database's clock, in batches of Settings.SweepBatchSize (one
-// transaction each, rows skipped while another transaction holds them), then
+// transaction each, sweepLanes at a time, rows skipped while another
+// transaction holds them), then
 // fails @internal tasks stuck past Settings.InternalTaskTimeout (contract
 // §6.5). Each batch's events are published after its commit.
 func (s *Service) Sweep(ctx context.Context, p SweepParams) (SweepReport, error) {
@@ -281,16 +290,37 @@ func (s *Service) Sweep(ctx context.Context, p SweepParams) (SweepReport, error)
 		rep.Result, rep.StuckInternal, rep.Took = plan.Result, plan.StuckInternal, time.Since(start)
 		return rep, err
 	}
-	for probe.Stale {
-		r, err := s.cleanupMatching(ctx, params, st.SweepBatchSize)
-		rep.Result.merge(r)
-		if err != nil {
+	if probe.Stale {
+		// sweepLanes batches at a time: one transaction's statements run
+		// in the database while another's rows are read and its events
+		// built here. SKIP LOCKED gives each lane its own workers; the job
+		// rows two lanes share are locked in id order (see
+		// models.SoftDeleteOrphanJobs), as for any two concurrent cleanups.
+		var mu sync.Mutex
+		var firstErr error
+		var wg sync.WaitGroup
+		for range sweepLanes {
+			wg.Go(func() {
+				for ctx.Err() == nil {
+					r, err := s.cleanupMatching(ctx, params, st.SweepBatchSize)
+					mu.Lock()
+					rep.Result.merge(r)
+					if err != nil && firstErr == nil {
+						firstErr = err
+					}
+					stop := firstErr != nil
+					mu.Unlock()
+					if stop || r.Cleaned < st.SweepBatchSize {
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		if firstErr != nil {
 			s.observe(rep.Path, rep.Result)
 			rep.Took = time.Since(start)
-			return rep, err
-		}
-		if r.Cleaned < st.SweepBatchSize {
-			break
+			return rep, firstErr
 		}
 	}
 	s.observe(rep.Path, rep.Result)

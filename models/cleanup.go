@@ -2,6 +2,7 @@ package models
 
 import (
 	"cmp"
+	"database/sql/driver"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -114,8 +115,9 @@ func (q *Q) cleanup(ids []uuid.UUID, limit int, f CleanupFence, lostError string
 	var where []string
 	var args []any
 	if ids != nil {
-		where = append(where, "w.id IN ?")
-		args = append(args, ids)
+		frag, arg := q.inIDs("w.id", ids)
+		where = append(where, frag)
+		args = append(args, arg)
 	}
 	if f.StaleAfter > 0 {
 		expr, arg := q.before(f.StaleAfter)
@@ -189,7 +191,8 @@ func (q *Q) cleanup(ids []uuid.UUID, limit int, f CleanupFence, lostError string
 		JobID    uuid.UUID
 		RoomID   string
 	}
-	err = q.g.Raw("SELECT l.worker_id, l.job_id, j.room_id FROM worker_job_links l JOIN jobs j ON j.id = l.job_id WHERE l.worker_id IN ?", wids).Scan(&links).Error
+	inLinks, widsArg := q.inIDs("l.worker_id", wids)
+	err = q.g.Raw("SELECT l.worker_id, l.job_id, j.room_id FROM worker_job_links l JOIN jobs j ON j.id = l.job_id WHERE "+inLinks, widsArg).Scan(&links).Error
 	if err != nil {
 		return out, fmt.Errorf("read links of lost workers: %w", mapErr(err))
 	}
@@ -198,14 +201,16 @@ func (q *Q) cleanup(ids []uuid.UUID, limit int, f CleanupFence, lostError string
 		RoomID   string
 		Category string
 	}
-	err = q.g.Raw("DELETE FROM providers WHERE worker_id IN ? RETURNING worker_id, room_id, category", wids).Scan(&provs).Error
+	inWorker, _ := q.inIDs("worker_id", wids)
+	err = q.g.Raw("DELETE FROM providers WHERE "+inWorker+" RETURNING worker_id, room_id, category", widsArg).Scan(&provs).Error
 	if err != nil {
 		return out, fmt.Errorf("delete providers of lost workers: %w", mapErr(err))
 	}
-	if err := q.g.Exec("DELETE FROM worker_job_links WHERE worker_id IN ?", wids).Error; err != nil {
+	if err := q.g.Exec("DELETE FROM worker_job_links WHERE "+inWorker, widsArg).Error; err != nil {
 		return out, fmt.Errorf("delete links of lost workers: %w", mapErr(err))
 	}
-	if err := q.g.Exec("DELETE FROM workers WHERE id IN ?", wids).Error; err != nil {
+	inID, _ := q.inIDs("id", wids)
+	if err := q.g.Exec("DELETE FROM workers WHERE "+inID, widsArg).Error; err != nil {
 		return out, fmt.Errorf("delete lost workers: %w", mapErr(err))
 	}
 
@@ -277,8 +282,9 @@ func (q *Q) releaseTasks(wids []uuid.UUID, lostError string) ([]Task, error) {
 	} else {
 		ret = strings.ReplaceAll(ret, "tasks.", "")
 	}
-	rows, err := q.g.Raw("UPDATE tasks SET "+set+" FROM jobs j WHERE j.id = tasks.job_id AND tasks.worker_id IN ? AND tasks.status IN ('claimed', 'running') RETURNING "+ret,
-		lostError, wids).Rows()
+	inWorker, widsArg := q.inIDs("tasks.worker_id", wids)
+	rows, err := q.g.Raw("UPDATE tasks SET "+set+" FROM jobs j WHERE j.id = tasks.job_id AND "+inWorker+" AND tasks.status IN ('claimed', 'running') RETURNING "+ret,
+		lostError, widsArg).Rows()
 	if err != nil {
 		return nil, fmt.Errorf("release tasks of lost workers: %w", mapErr(err))
 	}
@@ -659,4 +665,34 @@ func (q *Q) ListCleanupEvents(f CleanupEventFilter, limit int) ([]CleanupEvent, 
 		return nil, fmt.Errorf("list cleanup events: %w", mapErr(err))
 	}
 	return es, nil
+}
+
+// inIDs is the condition "col is one of ids" and its one argument. On
+// PostgreSQL the ids travel as one uuid[] parameter (= ANY): a statement of
+// one shape whatever the batch, with one parameter to encode and bind
+// instead of hundreds. SQLite gets an IN list.
+func (q *Q) inIDs(col string, ids []uuid.UUID) (string, any) {
+	if q.d == Postgres {
+		return col + " = ANY(?::uuid[])", uuidArray(ids)
+	}
+	return col + " IN ?", ids
+}
+
+// uuidArray is a PostgreSQL uuid[] parameter, sent as its text form. It is
+// a struct so that gorm binds it as one value rather than expanding a slice.
+type uuidArrayValue struct{ ids []uuid.UUID }
+
+func uuidArray(ids []uuid.UUID) uuidArrayValue { return uuidArrayValue{ids} }
+
+// Value renders {id,id,...}.
+func (a uuidArrayValue) Value() (driver.Value, error) {
+	b := make([]byte, 0, 2+37*len(a.ids))
+	b = append(b, '{')
+	for i, id := range a.ids {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, id.String()...)
+	}
+	return string(append(b, '}')), nil
 }
