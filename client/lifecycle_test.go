@@ -95,6 +95,29 @@ func TestRunProvider(t *testing.T) {
 	})
 }
 
+// restartable runs a server on a fixed local address: stop shuts it down as
+// SIGTERM would, and restart starts a new server on the same database and
+// address.
+func restartable(t *testing.T, db *models.DB) (ts *testServer, stop func(), restart func() *testServer) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ts, stop = serveOn(t, db, 5*time.Second, ln)
+	restart = func() *testServer {
+		var ln2 net.Listener
+		eventually(t, "the address is free again", func() bool {
+			ln2, err = net.Listen("tcp", addr)
+			return err == nil
+		})
+		ts2, _ := serveOn(t, db, 5*time.Second, ln2)
+		return ts2
+	}
+	return ts, stop, restart
+}
+
 // A server stopped with a task claimed and started again on the same
 // database and address: the SDK reconnects to the new process within the
 // grace, keeps its worker, completes the task it held across the restart
@@ -102,12 +125,7 @@ func TestRunProvider(t *testing.T) {
 func TestRunAcrossServerRestart(t *testing.T) {
 	t.Parallel()
 	dbtest.Each(t, func(t *testing.T, db *models.DB) {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		addr := ln.Addr().String()
-		ts, stop := serveOn(t, db, 5*time.Second, ln)
+		ts, stop, restart := restartable(t, db)
 		c := dial(t, ts, WithPollInterval(200*time.Millisecond), WithReconnectBackoff(20*time.Millisecond, 100*time.Millisecond))
 		job, err := c.RegisterJob(context.Background(), "r1", "modifiers", "restart", nil)
 		if err != nil {
@@ -128,12 +146,7 @@ func TestRunAcrossServerRestart(t *testing.T) {
 		<-started
 
 		stop()
-		var ln2 net.Listener
-		eventually(t, "the address is free again", func() bool {
-			ln2, err = net.Listen("tcp", addr)
-			return err == nil
-		})
-		ts2, _ := serveOn(t, db, 5*time.Second, ln2)
+		ts2 := restart()
 		eventually(t, "the socket re-joined the new server", func() bool { return c.joinCount() == 2 })
 		close(release)
 
@@ -278,12 +291,7 @@ func TestRunNeedsRegistrations(t *testing.T) {
 func TestRunRegistersAgainAfterARestartLostTheWorker(t *testing.T) {
 	t.Parallel()
 	dbtest.Each(t, func(t *testing.T, db *models.DB) {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		addr := ln.Addr().String()
-		ts, stop := serveOn(t, db, 5*time.Second, ln)
+		ts, stop, restart := restartable(t, db)
 		c := dial(t, ts, WithPollInterval(time.Hour), WithReconnectBackoff(20*time.Millisecond, 100*time.Millisecond))
 		job, err := c.RegisterJob(context.Background(), "r1", "modifiers", "lost", nil)
 		if err != nil {
@@ -301,12 +309,7 @@ func TestRunRegistersAgainAfterARestartLostTheWorker(t *testing.T) {
 		}
 		svc.Close()
 
-		var ln2 net.Listener
-		eventually(t, "the address is free again", func() bool {
-			ln2, err = net.Listen("tcp", addr)
-			return err == nil
-		})
-		ts2, _ := serveOn(t, db, 5*time.Second, ln2)
+		ts2 := restart()
 		eventually(t, "a new worker joined", func() bool {
 			w := c.WorkerID()
 			return w != "" && w != old && c.joinCount() == 2
