@@ -63,20 +63,3 @@ func (s *Service) notifyLate(ctx context.Context, tb events.TxBus, ems []events.
 		s.log.Error("publish events", "count", len(ems), "err", err)
 	}
 }
-
-// fromStates lists the states a task may move to `to` from, pending excluded
-// (a pending task is never held by a worker).
-func fromStates(to string) []string {
-	var out []string
-	for from, tos := range transitions {
-		if from == models.StatusPending {
-			continue
-		}
-		for _, t := range tos {
-			if t == to {
-				out = append(out, from)
-			}
-		}
-	}
-	return out
-}

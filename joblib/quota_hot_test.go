@@ -70,7 +70,7 @@ func TestPendingQuotaExactUnderConcurrentSubmitters(t *testing.T) {
 		if n := pending(); n != quota {
 			t.Fatalf("%d pending tasks, want %d", n, quota)
 		}
-		claimed, err := b.svc.ClaimTasks(ctx, b.alice, w, 5)
+		claimed, err := b.svc.ClaimTasks(ctx, b.alice, w, 5, false)
 		b.must(err)
 		if len(claimed) != 5 {
 			t.Fatalf("claimed %d", len(claimed))
@@ -82,7 +82,7 @@ func TestPendingQuotaExactUnderConcurrentSubmitters(t *testing.T) {
 			t.Fatalf("%d pending tasks, want %d", n, quota)
 		}
 		if db.Dialect() == models.Postgres {
-			_, err := b.svc.ClaimTasks(ctx, b.alice, w, 1)
+			_, err := b.svc.ClaimTasks(ctx, b.alice, w, 1, false)
 			b.must(err)
 			s0 := stmts.Load()
 			_, err = b.svc.SubmitTask(ctx, b.alice, "r", j.full(), nil)

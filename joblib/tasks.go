@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"slices"
 	"strings"
 	"time"
 
@@ -186,7 +187,7 @@ func (s *Service) submitHot(ctx context.Context, p Principal, room, fullName, bo
 // ClaimTask claims the oldest pending task of the worker's jobs. It returns
 // nil when nothing is claimable.
 func (s *Service) ClaimTask(ctx context.Context, p Principal, workerID uuid.UUID) (*Task, error) {
-	ts, err := s.ClaimTasks(ctx, p, workerID, 1)
+	ts, err := s.ClaimTasks(ctx, p, workerID, 1, false)
 	if err != nil || len(ts) == 0 {
 		return nil, err
 	}
@@ -198,13 +199,16 @@ const MaxClaimBatch = 100
 
 // ClaimTasks claims up to limit (1..MaxClaimBatch) of the oldest pending
 // tasks of the worker's jobs, oldest first; none when nothing is claimable.
-// Every task goes to exactly one claimer, however many claim at once.
-func (s *Service) ClaimTasks(ctx context.Context, p Principal, workerID uuid.UUID, limit int) ([]Task, error) {
+// Every task goes to exactly one claimer, however many claim at once. With
+// start the tasks are claimed and started in one step: they come back
+// running, as a claim followed at once by a report of running would leave
+// them, with one write and one task_status_event per task instead of two.
+func (s *Service) ClaimTasks(ctx context.Context, p Principal, workerID uuid.UUID, limit int, start bool) ([]Task, error) {
 	if limit < 1 || limit > MaxClaimBatch {
 		return nil, errf(CodeValidation, "limit must be between 1 and %d", MaxClaimBatch)
 	}
 	if s.db.Dialect() == models.Postgres {
-		owned, hts, err := s.db.ClaimTasksHot(ctx, workerID, p.ID, limit, s.hotNotify())
+		owned, hts, err := s.db.ClaimTasksHot(ctx, workerID, p.ID, limit, start, s.hotNotify())
 		if err != nil {
 			return nil, err
 		}
@@ -225,7 +229,7 @@ func (s *Service) ClaimTasks(ctx context.Context, p Principal, workerID uuid.UUI
 		if w.UserID != p.ID {
 			return errf(CodeForbidden, "Worker belongs to a different user")
 		}
-		ts, err := q.ClaimTasks(workerID, limit)
+		ts, err := q.ClaimTasks(workerID, limit, start)
 		if err != nil {
 			return err
 		}
@@ -298,43 +302,87 @@ func (s *Service) UpdateTask(ctx context.Context, p Principal, id uuid.UUID, sta
 // any other status is ignored, as the Python server ignores fields it does
 // not know; JSON null counts as no result.
 func (s *Service) UpdateTaskResult(ctx context.Context, p Principal, id uuid.UUID, status string, errMsg *string, result json.RawMessage) (Task, error) {
+	stored, err := s.checkUpdate(status, errMsg, result)
+	if err != nil {
+		return Task{}, err
+	}
+	if s.hotUpdate(status, errMsg) {
+		hts, err := s.db.UpdateTasksHot(ctx, []models.HotUpdate{hotUpdate(id, status, errMsg, stored)}, hotTransitions, p.ID, s.hotNotify())
+		if err != nil {
+			return Task{}, err
+		}
+		if len(hts) == 1 {
+			return s.publishHot(ctx, hts)[0], nil
+		}
+		// Missing, not held by a worker of the caller's (a superuser's
+		// override is audited there), lost or in another state: the general
+		// path gives the precise answer (or applies a change that raced in).
+	}
+	return s.updateTask(ctx, p, id, status, errMsg, stored)
+}
+
+// checkUpdate validates a status report and returns the result to store
+// with it (nil: none).
+func (s *Service) checkUpdate(status string, errMsg *string, result json.RawMessage) (*string, error) {
 	var stored *string
 	if status == models.StatusCompleted && len(result) > 0 {
 		var buf bytes.Buffer
 		if err := json.Compact(&buf, result); err != nil {
-			return Task{}, errf(CodeValidation, "result must be JSON: %v", err)
+			return nil, errf(CodeValidation, "result must be JSON: %v", err)
 		}
 		if max := s.Settings().TaskMaxResultBytes; int64(buf.Len()) > max {
-			return Task{}, errf(CodePayloadTooLarge, "task result exceeds %d bytes", max)
+			return nil, errf(CodePayloadTooLarge, "task result exceeds %d bytes", max)
 		}
 		if r := buf.String(); r != "null" {
 			stored = &r
 		}
 	}
 	if !ValidStatus(status) {
-		return Task{}, errf(CodeValidation, "status must be one of pending, claimed, running, completed, failed, cancelled")
+		return nil, errf(CodeValidation, "status must be one of pending, claimed, running, completed, failed, cancelled")
 	}
 	if errMsg != nil {
 		if err := validateText("error", *errMsg, 0); err != nil {
-			return Task{}, err
+			return nil, err
 		}
 	}
-	if s.db.Dialect() == models.Postgres && stored == nil && status != models.StatusClaimed && status != models.StatusPending &&
-		(errMsg == nil || len(*errMsg) < hotErrorMax) {
-		msg := ""
-		if errMsg != nil && events.Terminal(status) {
-			msg = *errMsg
-		}
-		ht, ok, err := s.db.UpdateTaskStatusHot(ctx, id, status, fromStates(status), msg, p.Superuser, p.ID, s.hotNotify())
-		if err != nil {
-			return Task{}, err
-		}
-		if ok {
-			return s.publishHot(ctx, []models.HotTask{ht})[0], nil
-		}
-		// Missing, not the caller's, lost or in another state: the general
-		// path gives the precise answer (or applies a change that raced in).
+	return stored, nil
+}
+
+// hotUpdate reports whether a status report may take the one-statement path:
+// on PostgreSQL, a worker's report (a task is made claimed only by a claim,
+// pending only by a retry) whose error fits a NOTIFY with its event.
+func (s *Service) hotUpdate(status string, errMsg *string) bool {
+	return s.db.Dialect() == models.Postgres && status != models.StatusClaimed && status != models.StatusPending &&
+		(errMsg == nil || len(*errMsg) < hotErrorMax)
+}
+
+func hotUpdate(id uuid.UUID, status string, errMsg *string, stored *string) models.HotUpdate {
+	u := models.HotUpdate{ID: id, Status: status, Result: stored}
+	if errMsg != nil && events.Terminal(status) {
+		u.Error = *errMsg
 	}
+	return u
+}
+
+// hotTransitions are the transitions of a task held by a worker, as
+// "from>to" for models.UpdateTasksHot.
+var hotTransitions = func() []string {
+	var out []string
+	for from, tos := range transitions {
+		if from == models.StatusPending {
+			continue // a pending task is never held by a worker
+		}
+		for _, to := range tos {
+			out = append(out, from+">"+to)
+		}
+	}
+	slices.Sort(out)
+	return out
+}()
+
+// updateTask is the general path of a status report: one transaction that
+// tells every refusal apart.
+func (s *Service) updateTask(ctx context.Context, p Principal, id uuid.UUID, status string, errMsg *string, stored *string) (Task, error) {
 	var out Task
 	var lost *uuid.UUID
 	err := s.mutate(ctx, func(q *models.Q, em *events.Set) error {

@@ -10,6 +10,7 @@ func (db *DB) ExecRaw(sql string, args ...any) error {
 // Statements exposed to the external tests that read their plans.
 var (
 	ClaimSQL       = claimSQL
+	UpdateBatchSQL = updateBatchSQL
 	TaskSelectSQL  = taskSelect
 	TasksSelectSQL = tasksSelect
 )

@@ -1,9 +1,11 @@
 package models
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -93,7 +95,7 @@ func scanHotTask(row pgx.Rows) (HotTask, error) {
 // cleanup of the worker either finished first or sees these claims. The
 // outer join returns one row with NULL task columns when nothing was
 // claimed; its first column is false when the worker does not exist or
-// belongs to someone else.
+// belongs to someone else. With $10 the tasks go to running at once.
 var claimSQL = `WITH w AS (
 	SELECT id FROM workers WHERE id = $1 AND user_id = $2 FOR KEY SHARE
 ), heads AS (
@@ -110,7 +112,8 @@ var claimSQL = `WITH w AS (
 	) c
 	LIMIT $3
 ), u AS (
-	UPDATE tasks t SET status = 'claimed', worker_id = $1, attempt = t.attempt + 1, claimed_at = now(), updated_at = now()
+	UPDATE tasks t SET status = CASE WHEN $10 THEN 'running' ELSE 'claimed' END, worker_id = $1, attempt = t.attempt + 1,
+		claimed_at = now(), started_at = CASE WHEN $10 THEN now() ELSE t.started_at END, updated_at = now()
 	FROM picked WHERE t.id = picked.id
 	RETURNING t.*
 )` + claimOutbox + `
@@ -121,14 +124,15 @@ ORDER BY u.seq`
 var claimOutbox, claimNotified = hotOutbox(4, "u", "NULL")
 
 // ClaimTasksHot claims up to limit of the oldest pending tasks of the
-// worker's (non-internal) jobs in one statement, in seq order. owned is false
+// worker's (non-internal) jobs in one statement, in seq order (with start,
+// claimed and started: running). owned is false
 // when the worker does not exist or is not the user's; the caller then takes
 // the general path for the precise answer.
-func (db *DB) ClaimTasksHot(ctx context.Context, workerID, userID uuid.UUID, limit int, n HotNotify) (owned bool, ts []HotTask, err error) {
+func (db *DB) ClaimTasksHot(ctx context.Context, workerID, userID uuid.UUID, limit int, start bool, n HotNotify) (owned bool, ts []HotTask, err error) {
 	if db.Pool == nil {
 		return false, nil, ErrNoHotPath
 	}
-	rows, err := db.Pool.Query(ctx, claimSQL, append([]any{workerID, userID, limit}, n.args()...)...)
+	rows, err := db.Pool.Query(ctx, claimSQL, append(append([]any{workerID, userID, limit}, n.args()...), start)...)
 	if err != nil {
 		return false, nil, fmt.Errorf("claim tasks: %w", mapErr(err))
 	}
@@ -160,52 +164,6 @@ func (db *DB) ClaimTasksHot(ctx context.Context, workerID, userID uuid.UUID, lim
 		return false, nil, fmt.Errorf("claim tasks: %w", mapErr(err))
 	}
 	return owned, ts, nil
-}
-
-// updateStatusSQL moves task $1 to status $2 when it is in one of the states
-// $4, held by a worker that the caller owns (or the caller is a superuser,
-// $5), and not the late report of a worker a cleanup took it from. $3, when
-// not empty, becomes the error of a terminal status.
-var updateStatusSQL = `WITH u AS (
-	UPDATE tasks t SET status = $2, updated_at = now(),
-		started_at = CASE WHEN $2 = 'running' THEN now() ELSE t.started_at END,
-		completed_at = CASE WHEN $2 IN ('completed', 'failed', 'cancelled') THEN now() ELSE t.completed_at END,
-		error = CASE WHEN $3 <> '' THEN $3 ELSE t.error END
-	WHERE t.id = $1 AND t.status = ANY($4::text[]) AND t.worker_id IS NOT NULL
-		AND (t.lost_worker_id IS NULL OR t.worker_id <> t.lost_worker_id)
-		AND ($5 OR EXISTS (SELECT 1 FROM workers w WHERE w.id = t.worker_id AND w.user_id = $6))
-	RETURNING t.*
-)` + updateOutbox + `
-SELECT ` + hotTaskCols + `, NULL::bigint AS qp, ` + updateNotified + `
-FROM u LEFT JOIN jobs j ON j.id = u.job_id LEFT JOIN ev ON ev.id = u.id`
-
-var updateOutbox, updateNotified = hotOutbox(7, "u", "NULL")
-
-// UpdateTaskStatusHot applies a status change to a task held by a worker, in
-// one statement. ok is false when nothing changed (the task is missing, in
-// another state, not the caller's, or lost by its worker): the caller takes
-// the general path for the precise answer.
-func (db *DB) UpdateTaskStatusHot(ctx context.Context, id uuid.UUID, to string, from []string, errMsg string, superuser bool, userID uuid.UUID, n HotNotify) (HotTask, bool, error) {
-	if db.Pool == nil {
-		return HotTask{}, false, ErrNoHotPath
-	}
-	rows, err := db.Pool.Query(ctx, updateStatusSQL, append([]any{id, to, errMsg, from, superuser, userID}, n.args()...)...)
-	if err != nil {
-		return HotTask{}, false, fmt.Errorf("update task status: %w", mapErr(err))
-	}
-	defer rows.Close()
-	var t HotTask
-	ok := false
-	for rows.Next() {
-		if t, err = scanHotTask(rows); err != nil {
-			return HotTask{}, false, fmt.Errorf("update task status: %w", err)
-		}
-		ok = true
-	}
-	if err := rows.Err(); err != nil {
-		return HotTask{}, false, fmt.Errorf("update task status: %w", mapErr(err))
-	}
-	return t, ok, nil
 }
 
 // submitSQL adds a pending task to the live, non-internal job $1:$2:$3 (held
@@ -325,4 +283,84 @@ func (db *DB) NotifyNow(ctx context.Context, channel, payload string) error {
 		return fmt.Errorf("notify %s: %w", channel, err)
 	}
 	return nil
+}
+
+// HotUpdate is one status report of a batch (see UpdateTasksHot). Error is
+// stored with a terminal status when not empty; Result, when not nil, is the
+// compacted JSON result stored with a completion.
+type HotUpdate struct {
+	ID     uuid.UUID
+	Status string
+	Error  string
+	Result *string
+}
+
+// updateBatchSQL applies the reports $1..$4 (task ids, statuses, errors,
+// results, as parallel arrays) to the tasks that are in a state each may come
+// from ($6 lists the allowed from/to pairs as "from>to"), held by a worker of
+// user $5, and not the late report of a worker a cleanup took them from: the
+// rules of the general path, for any number of tasks in one statement. A report that
+// matches no such task changes nothing and is absent from the answer.
+var updateBatchSQL = `WITH b AS (
+	SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[]) AS b(id, status, err, result)
+), u AS (
+	UPDATE tasks t SET status = b.status, updated_at = now(),
+		started_at = CASE WHEN b.status = 'running' THEN now() ELSE t.started_at END,
+		completed_at = CASE WHEN b.status IN ('completed', 'failed', 'cancelled') THEN now() ELSE t.completed_at END,
+		error = CASE WHEN b.err <> '' THEN b.err ELSE t.error END,
+		result = COALESCE(b.result, t.result)
+	FROM b
+	WHERE t.id = b.id AND (t.status || '>' || b.status) = ANY($6::text[]) AND t.worker_id IS NOT NULL
+		AND (t.lost_worker_id IS NULL OR t.worker_id <> t.lost_worker_id)
+		AND EXISTS (SELECT 1 FROM workers w WHERE w.id = t.worker_id AND w.user_id = $5)
+	RETURNING t.*
+)` + updateBatchOutbox + `
+SELECT ` + hotTaskCols + `, NULL::bigint AS qp, ` + updateBatchNotified + `
+FROM u LEFT JOIN jobs j ON j.id = u.job_id LEFT JOIN ev ON ev.id = u.id
+ORDER BY u.seq`
+
+var updateBatchOutbox, updateBatchNotified = hotOutbox(7, "u", "NULL")
+
+// UpdateTasksHot applies a batch of status reports by user's workers in one
+// statement and returns the tasks it changed (in seq order; the reports
+// that changed nothing are absent: the caller takes the general path for
+// each, which tells the reason). transitions lists the allowed changes as
+// "from>to". The ids must be distinct; they are sent in id order, so that
+// two batches lock shared rows in the same order. A batch PostgreSQL aborts
+// as a deadlock victim changed nothing and comes back empty.
+func (db *DB) UpdateTasksHot(ctx context.Context, ups []HotUpdate, transitions []string, userID uuid.UUID, n HotNotify) ([]HotTask, error) {
+	if db.Pool == nil {
+		return nil, ErrNoHotPath
+	}
+	ups = slices.Clone(ups)
+	slices.SortFunc(ups, func(a, b HotUpdate) int { return bytes.Compare(a.ID[:], b.ID[:]) })
+	ids := make([]uuid.UUID, len(ups))
+	statuses := make([]string, len(ups))
+	errs := make([]string, len(ups))
+	results := make([]*string, len(ups))
+	for i, u := range ups {
+		ids[i], statuses[i], errs[i], results[i] = u.ID, u.Status, u.Error, u.Result
+	}
+	rows, err := db.Pool.Query(ctx, updateBatchSQL, append([]any{ids, statuses, errs, results, userID, transitions}, n.args()...)...)
+	if retryable(err) {
+		return nil, nil // a deadlock victim changed nothing: the general path retries each
+	}
+	if err != nil {
+		return nil, fmt.Errorf("update task statuses: %w", mapErr(err))
+	}
+	defer rows.Close()
+	var out []HotTask
+	for rows.Next() {
+		t, err := scanHotTask(rows)
+		if err != nil {
+			return nil, fmt.Errorf("update task statuses: %w", err)
+		}
+		out = append(out, t)
+	}
+	if err := rows.Err(); retryable(err) {
+		return nil, nil
+	} else if err != nil {
+		return nil, fmt.Errorf("update task statuses: %w", mapErr(err))
+	}
+	return out, nil
 }

@@ -108,6 +108,13 @@ func TestPlansAtScale(t *testing.T) {
 			t.Fatalf("%s: %v", s, err)
 		}
 	}
+	held := make([]uuid.UUID, 10)
+	for i := range held {
+		held[i] = uuid.New()
+		if _, err := db.Pool.Exec(ctx, "INSERT INTO tasks (id, job_id, room_id, status, worker_id) VALUES ($1, $2, 'r', 'running', $3)", held[i], jobA, worker); err != nil {
+			t.Fatal(err)
+		}
+	}
 	var last uuid.UUID
 	if err := db.Pool.QueryRow(ctx, "SELECT id FROM tasks WHERE job_id = $1 AND status = 'pending' ORDER BY seq DESC LIMIT 1", jobA).Scan(&last); err != nil {
 		t.Fatal(err)
@@ -119,11 +126,22 @@ func TestPlansAtScale(t *testing.T) {
 			}
 		}
 		for _, limit := range []int{1, 10} {
-			p := explain(t, db, models.ClaimSQL, append([]any{worker, user, limit}, models.HotNotify{}.Args()...)...)
-			rows, sorts, seq := tasksRead(p)
-			if rows > float64(10*limit+10) || sorts > 0 || seq > 0 {
-				t.Errorf("claim of %d %s reads %.0f task rows (%d sorts, %d seq scans):\n%s", limit, stats, rows, sorts, seq, p)
+			for _, start := range []bool{false, true} {
+				p := explain(t, db, models.ClaimSQL, append(append([]any{worker, user, limit}, models.HotNotify{}.Args()...), start)...)
+				rows, sorts, seq := tasksRead(p)
+				if rows > float64(10*limit+10) || sorts > 0 || seq > 0 {
+					t.Errorf("claim of %d (start %v) %s reads %.0f task rows (%d sorts, %d seq scans):\n%s", limit, start, stats, rows, sorts, seq, p)
+				}
 			}
+		}
+		// A batch report of ten held tasks reads each by its key.
+		statuses, errs, results := make([]string, len(held)), make([]string, len(held)), make([]*string, len(held))
+		for i := range held {
+			statuses[i] = "completed"
+		}
+		up := explain(t, db, models.UpdateBatchSQL, append([]any{held, statuses, errs, results, user, []string{"running>completed"}}, models.HotNotify{}.Args()...)...)
+		if rows, sorts, seq := tasksRead(up); rows < float64(len(held)) || rows > 3*float64(len(held)) || sorts > 0 || seq > 0 {
+			t.Errorf("batch report of %d %s reads %.0f task rows (%d sorts, %d seq scans):\n%s", len(held), stats, rows, sorts, seq, up)
 		}
 		// A room's newest pending tasks (GET /rooms/r/tasks?status=pending):
 		// one ranking pass over the pending tasks of the page's jobs; a count

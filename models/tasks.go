@@ -114,7 +114,7 @@ func (q *Q) ListTasks(f TaskFilter, p Page) ([]Task, int64, error) {
 
 // ClaimTask is ClaimTasks for one task; ok is false when nothing is claimable.
 func (q *Q) ClaimTask(workerID uuid.UUID) (Task, bool, error) {
-	ts, err := q.ClaimTasks(workerID, 1)
+	ts, err := q.ClaimTasks(workerID, 1, false)
 	if err != nil || len(ts) == 0 {
 		return Task{}, false, err
 	}
@@ -123,17 +123,22 @@ func (q *Q) ClaimTask(workerID uuid.UUID) (Task, bool, error) {
 
 // ClaimTasks atomically moves up to limit of the oldest pending tasks of the
 // worker's linked (non-internal) jobs to claimed for that worker, and returns
-// them in seq order (none when nothing is claimable). On PostgreSQL
+// them in seq order (none when nothing is claimable); with start they go to
+// running at once (claimed and started in one step). On PostgreSQL
 // concurrent claimers skip each other's locked rows, so every task goes to
 // exactly one claimer; on SQLite the single connection serialises claimers.
 // (The PostgreSQL request path uses DB.ClaimTasksHot.)
-func (q *Q) ClaimTasks(workerID uuid.UUID, limit int) ([]Task, error) {
+func (q *Q) ClaimTasks(workerID uuid.UUID, limit int, start bool) ([]Task, error) {
 	lock := ""
 	if q.d == Postgres {
 		lock = " FOR UPDATE SKIP LOCKED"
 	}
+	to := "status = 'claimed'"
+	if start {
+		to = "status = 'running', started_at = " + q.now()
+	}
 	var ids []uuid.UUID
-	err := q.g.Raw("UPDATE tasks SET status = 'claimed', worker_id = ?, attempt = attempt + 1, claimed_at = "+q.now()+", updated_at = "+q.now()+
+	err := q.g.Raw("UPDATE tasks SET "+to+", worker_id = ?, attempt = attempt + 1, claimed_at = "+q.now()+", updated_at = "+q.now()+
 		" WHERE id IN (SELECT t.id FROM tasks t WHERE t.status = 'pending' AND t.job_id IN"+
 		" (SELECT l.job_id FROM worker_job_links l JOIN jobs j ON j.id = l.job_id WHERE l.worker_id = ? AND j.room_id <> '@internal')"+
 		" ORDER BY t.seq LIMIT ?"+lock+") RETURNING id", workerID, workerID, limit).Scan(&ids).Error

@@ -379,6 +379,8 @@ type ack struct {
 	Detail string `json:"detail,omitempty"`
 	// Tasks answers claim_tasks (an empty list when nothing was claimable).
 	Tasks *[]joblib.Task `json:"tasks,omitempty"`
+	// Results answers update_tasks, one item per report.
+	Results []taskUpdateItem `json:"results,omitempty"`
 	// Dashboard answers join_dashboard.
 	Dashboard *DashboardView `json:"dashboard,omitempty"`
 }
@@ -409,6 +411,9 @@ func (rt *Realtime) handle(ctx context.Context, s *sio.Socket, st *connState, ev
 		WorkerID     *string `json:"worker_id"`
 		RoomID       *string `json:"room_id"`
 		Limit        *int    `json:"limit"`
+		Start        bool    `json:"start"`
+		// Updates are update_tasks' reports.
+		Updates []json.RawMessage `json:"updates"`
 	}
 	if len(ev.Args) > 0 {
 		if err := json.Unmarshal(ev.Args[0], &body); err != nil {
@@ -452,7 +457,9 @@ func (rt *Realtime) handle(ctx context.Context, s *sio.Socket, st *connState, ev
 		s.Leave(dashboardRoom)
 		return ack{OK: true}
 	case "claim_tasks":
-		return rt.claimTasks(ctx, st, body.WorkerID, body.Limit)
+		return rt.claimTasks(ctx, st, body.WorkerID, body.Limit, body.Start)
+	case "update_tasks":
+		return rt.updateTasks(ctx, st, body.Updates)
 	case "join_room", "leave_room":
 		if body.RoomID == nil {
 			return ack{Status: 422, Detail: "room_id is required"}
@@ -479,7 +486,7 @@ func (rt *Realtime) handle(ctx context.Context, s *sio.Socket, st *connState, ev
 
 // claimTasks is the socket batch claim (beyond the contract): a worker with
 // a socket claims without any HTTP request; the ack carries the tasks.
-func (rt *Realtime) claimTasks(ctx context.Context, st *connState, rawWorker *string, rawLimit *int) ack {
+func (rt *Realtime) claimTasks(ctx context.Context, st *connState, rawWorker *string, rawLimit *int, start bool) ack {
 	if st.anon {
 		return ack{Status: 401, Detail: "Unauthorized"}
 	}
@@ -494,7 +501,7 @@ func (rt *Realtime) claimTasks(ctx context.Context, st *connState, rawWorker *st
 	if rawLimit != nil {
 		limit = *rawLimit
 	}
-	ts, err := rt.svc.ClaimTasks(ctx, st.p, wid, limit)
+	ts, err := rt.svc.ClaimTasks(ctx, st.p, wid, limit, start)
 	if err != nil {
 		return errAck(err)
 	}
@@ -502,6 +509,27 @@ func (rt *Realtime) claimTasks(ctx context.Context, st *connState, rawWorker *st
 		ts = []joblib.Task{}
 	}
 	return ack{OK: true, Tasks: &ts}
+}
+
+// updateTasks is the socket batch update (beyond the contract): a worker
+// with a socket reports the status of many tasks without any HTTP request;
+// the ack carries one item per report, as POST /tasks/update-batch answers.
+func (rt *Realtime) updateTasks(ctx context.Context, st *connState, raw []json.RawMessage) ack {
+	if st.anon {
+		return ack{Status: 401, Detail: "Unauthorized"}
+	}
+	ups, err := decodeTaskUpdates(raw)
+	if err != nil {
+		return ack{Status: 422, Detail: err.Error()}
+	}
+	rs, err := rt.svc.UpdateTasks(ctx, st.p, ups)
+	if err != nil {
+		if _, ok := joblib.AsError(err); !ok {
+			rt.log.Error("update_tasks failed", "err", err)
+		}
+		return errAck(err)
+	}
+	return ack{OK: true, Results: taskUpdateItems(ctx, rt.log, rs)}
 }
 
 // joinAsWorker authorizes a worker's join (the worker is the caller's, the

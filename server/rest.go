@@ -43,6 +43,7 @@ func (s *Server) routes() {
 
 	m.HandleFunc("POST "+prefix+"/tasks/claim", write(s.claimTask))
 	m.HandleFunc("POST "+prefix+"/tasks/claim-batch", write(s.claimTasks))
+	m.HandleFunc("POST "+prefix+"/tasks/update-batch", write(s.updateTasks))
 	m.HandleFunc("GET "+prefix+"/tasks/{id}", s.read(s.getTask))
 	m.HandleFunc("PATCH "+prefix+"/tasks/{id}", write(s.updateTask))
 	s.routesProviders(list, write)
@@ -534,7 +535,8 @@ func (s *Server) claimTask(w http.ResponseWriter, r *http.Request) {
 
 // claimTasks is the batch claim (beyond the contract): up to limit of the
 // oldest pending tasks of the worker's jobs in one request, answered as
-// {"tasks": [...]} (empty when nothing is claimable).
+// {"tasks": [...]} (empty when nothing is claimable); with "start": true
+// they are claimed and started (running) in one step.
 func (s *Server) claimTasks(w http.ResponseWriter, r *http.Request) {
 	p, ok := s.principal(w, r)
 	if !ok {
@@ -543,6 +545,7 @@ func (s *Server) claimTasks(w http.ResponseWriter, r *http.Request) {
 	var b struct {
 		WorkerID *uuid.UUID `json:"worker_id"`
 		Limit    *int       `json:"limit"`
+		Start    bool       `json:"start"`
 	}
 	if !s.decodeBody(w, r, &b) {
 		return
@@ -555,7 +558,7 @@ func (s *Server) claimTasks(w http.ResponseWriter, r *http.Request) {
 	if b.Limit != nil {
 		limit = *b.Limit
 	}
-	tasks, err := s.svc.ClaimTasks(r.Context(), p, *b.WorkerID, limit)
+	tasks, err := s.svc.ClaimTasks(r.Context(), p, *b.WorkerID, limit, b.Start)
 	if err != nil {
 		s.fail(w, r, err)
 		return
