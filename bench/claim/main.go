@@ -5,7 +5,10 @@
 //   - joblib over HTTP (an in-process server on loopback), with a normal
 //     user's token and the contract's three requests per task: claim, then
 //     PATCH running, then PATCH completed (or, with -batch N > 1, one
-//     claim-batch request for up to N tasks and the same two PATCHes per task);
+//     claim-batch request for up to N tasks and the same two PATCHes per task;
+//     -flow batch reports each batch's statuses with one update-batch request,
+//     -flow socket claims and reports over each worker's socket with
+//     claim_tasks and update_tasks, and -start claims tasks running);
 //   - the raw loop: one `UPDATE … FOR UPDATE SKIP LOCKED RETURNING` claim and
 //     one completing UPDATE per task, autocommit, over pgx.
 //
@@ -64,6 +67,8 @@ type options struct {
 	setupSQL               string
 	params                 string
 	floor                  bool
+	flow                   string
+	start                  bool
 }
 
 func main() {
@@ -79,6 +84,8 @@ func main() {
 	flag.StringVar(&o.setupSQL, "setup-sql", "", "SQL run on joblib's schema after the migrations (experiments: an index or trigger less)")
 	flag.StringVar(&o.params, "params", "", "extra connection parameters for joblib's pool (experiments: plan_cache_mode=force_generic_plan)")
 	flag.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the joblib rounds to this file")
+	flag.StringVar(&o.flow, "flow", "contract", "how joblib's workers report: contract (PATCH running and PATCH completed per task), batch (POST /tasks/update-batch per claimed batch and status), socket (claim_tasks and update_tasks over each worker's Socket.IO connection, no HTTP)")
+	flag.BoolVar(&o.start, "start", false, "with -flow batch or socket: claims start the tasks (running at once), so workers report only completed")
 	flag.BoolVar(&o.floor, "floor", false, "PostgreSQL: also run the HTTP floor, the contract's three requests per task to a server that runs only the raw loop's statements")
 	flag.Parse()
 	if err := run(context.Background(), o); err != nil {
@@ -102,6 +109,14 @@ type result struct {
 }
 
 func run(ctx context.Context, o options) error {
+	switch o.flow {
+	case "contract", "batch", "socket":
+	default:
+		return fmt.Errorf("-flow %q: want contract, batch or socket", o.flow)
+	}
+	if o.start && o.flow == "contract" {
+		return fmt.Errorf("-start needs -flow batch or socket (the contract's claim has no start)")
+	}
 	url, cleanup, err := prepare(ctx, o.db)
 	if err != nil {
 		return err
@@ -183,8 +198,14 @@ func run(ctx context.Context, o options) error {
 		}
 	}
 	label := "joblib"
+	if o.flow != "contract" {
+		label += "-" + o.flow
+	}
+	if o.start {
+		label += "-start"
+	}
 	if o.batch > 1 {
-		label = fmt.Sprintf("joblib-batch%d", o.batch)
+		label += fmt.Sprintf("-batch%d", o.batch)
 	}
 	fmt.Printf("database=%s workers=%d tasks/round=%d rounds=%d\n", db.Dialect(), o.workers, o.tasks, o.rounds)
 	jt := summary(label, jrs, db.Dialect() == models.Postgres)
@@ -259,6 +280,8 @@ type joblibBench struct {
 	srv        *httptest.Server
 	c          *client
 	wids       []string
+	rt         *server.Realtime
+	socks      []*benchSocket // -flow socket: one per worker
 	statements *atomic.Int64
 	// prof, when set, receives a CPU profile of the first round's timed
 	// phase (claims and updates, not the submissions that fill the queue).
@@ -284,9 +307,13 @@ func newJoblibBench(ctx context.Context, db *models.DB, statements *atomic.Int64
 	if err != nil {
 		return nil, err
 	}
-	srv := httptest.NewServer(server.New(svc, server.DefaultConfig(), nil).Handler())
+	api := server.New(svc, server.DefaultConfig(), nil)
+	rt := api.NewRealtime(server.DefaultRealtimeConfig(), nil)
+	api.Handle("/socket.io/", rt)
+	rt.Start()
+	srv := httptest.NewServer(api.Handler())
 	c := &client{base: srv.URL + "/v1/joblib", token: token, http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: o.workers * 2}}}
-	b := &joblibBench{o: o, svc: svc, srv: srv, c: c, statements: statements}
+	b := &joblibBench{o: o, svc: svc, srv: srv, rt: rt, c: c, statements: statements}
 	for range o.workers {
 		var job map[string]any
 		if err := c.do("PUT", "/rooms/bench/jobs", map[string]any{"category": "modifiers", "name": "Bench"}, &job); err != nil {
@@ -294,11 +321,27 @@ func newJoblibBench(ctx context.Context, db *models.DB, statements *atomic.Int64
 			return nil, err
 		}
 		b.wids = append(b.wids, job["worker_id"].(string))
+		if o.flow == "socket" {
+			so, err := dialBenchSocket(ctx, srv.URL, token)
+			if err != nil {
+				b.close()
+				return nil, err
+			}
+			b.socks = append(b.socks, so)
+		}
 	}
 	return b, nil
 }
 
 func (b *joblibBench) close() {
+	for _, so := range b.socks {
+		so.close()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := b.rt.Shutdown(ctx); err != nil {
+		log.Printf("shutdown realtime: %v", err)
+	}
 	b.srv.Close()
 	b.svc.Close()
 	if pb, ok := b.svc.Bus().(*events.PGBus); ok {
@@ -332,7 +375,7 @@ func (b *joblibBench) round(ctx context.Context) (result, error) {
 	s0 := b.statements.Load()
 	c0, p0 := sampleCPU(), backendCPU(ctx, "j")
 	start := time.Now()
-	claims, tasks, err := httpLoop(b.o.workers, func(w int) ([]string, error) { return b.claim(b.wids[w]) }, b.c)
+	claims, tasks, err := workLoop(b.o.workers, b.claim, b.report)
 	r := result{elapsed: time.Since(start), claims: claims, statements: b.statements.Load() - s0, tasks: tasks}
 	r.proc, r.machine = sampleCPU().since(c0)
 	r.pg = backendCPU(ctx, "j").since(p0)
@@ -349,10 +392,10 @@ func (b *joblibBench) round(ctx context.Context) (result, error) {
 	return r, nil
 }
 
-// httpLoop runs the contract's flow with workers concurrent workers until
-// claim finds nothing: claim, then PATCH running and PATCH completed for
-// each claimed task. It returns every claim's latency and the tasks done.
-func httpLoop(workers int, claim func(w int) ([]string, error), c *client) ([]time.Duration, int, error) {
+// workLoop runs workers concurrent workers until claim finds nothing: claim,
+// then report running and completed for the claimed tasks. It returns every
+// claim's latency and the tasks done.
+func workLoop(workers int, claim func(w int) ([]string, error), report func(w int, ids []string, status string) error) ([]time.Duration, int, error) {
 	lat := make([][]time.Duration, workers)
 	done := make([]int, workers)
 	var failed atomic.Value
@@ -370,15 +413,13 @@ func httpLoop(workers int, claim func(w int) ([]string, error), c *client) ([]ti
 					return
 				}
 				lat[w] = append(lat[w], time.Since(t0))
-				for _, id := range ids {
-					for _, st := range []string{"running", "completed"} {
-						if err := c.do("PATCH", "/tasks/"+id, map[string]any{"status": st}, nil); err != nil {
-							failed.Store(err)
-							return
-						}
+				for _, st := range []string{"running", "completed"} {
+					if err := report(w, ids, st); err != nil {
+						failed.Store(err)
+						return
 					}
-					done[w]++
 				}
+				done[w] += len(ids)
 			}
 		})
 	}
@@ -391,33 +432,90 @@ func httpLoop(workers int, claim func(w int) ([]string, error), c *client) ([]ti
 	return slices.Concat(lat...), n, err
 }
 
-func (b *joblibBench) claim(wid string) ([]string, error) {
+// patchEach is the contract's report: one PATCH per task and status.
+func patchEach(c *client) func(int, []string, string) error {
+	return func(_ int, ids []string, status string) error {
+		for _, id := range ids {
+			if err := c.do("PATCH", "/tasks/"+id, map[string]any{"status": status}, nil); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+func (b *joblibBench) claim(w int) ([]string, error) {
 	type task struct {
 		ID string `json:"id"`
 	}
-	if b.o.batch > 1 {
-		var out struct {
-			Tasks []task `json:"tasks"`
+	ids := func(ts []task) []string {
+		out := make([]string, len(ts))
+		for i, t := range ts {
+			out[i] = t.ID
 		}
-		if err := b.c.do("POST", "/tasks/claim-batch", map[string]any{"worker_id": wid, "limit": b.o.batch}, &out); err != nil {
-			return nil, err
-		}
-		ids := make([]string, len(out.Tasks))
-		for i, t := range out.Tasks {
-			ids[i] = t.ID
-		}
-		return ids, nil
+		return out
 	}
 	var out struct {
-		Task *task `json:"task"`
+		Tasks []task `json:"tasks"`
+		Task  *task  `json:"task"`
 	}
-	if err := b.c.do("POST", "/tasks/claim", map[string]any{"worker_id": wid}, &out); err != nil {
+	switch {
+	case b.o.flow == "socket":
+		if err := b.socks[w].call("claim_tasks", map[string]any{"worker_id": b.wids[w], "limit": b.o.batch, "start": b.o.start}, &out); err != nil {
+			return nil, err
+		}
+		return ids(out.Tasks), nil
+	case b.o.batch > 1 || b.o.flow != "contract":
+		if err := b.c.do("POST", "/tasks/claim-batch", map[string]any{"worker_id": b.wids[w], "limit": b.o.batch, "start": b.o.start}, &out); err != nil {
+			return nil, err
+		}
+		return ids(out.Tasks), nil
+	}
+	if err := b.c.do("POST", "/tasks/claim", map[string]any{"worker_id": b.wids[w]}, &out); err != nil {
 		return nil, err
 	}
 	if out.Task == nil {
 		return nil, nil
 	}
 	return []string{out.Task.ID}, nil
+}
+
+// report tells joblib the claimed tasks' new status, as -flow says.
+func (b *joblibBench) report(w int, ids []string, status string) error {
+	if status == "running" && b.o.start {
+		return nil // the claim started them
+	}
+	if b.o.flow == "contract" {
+		return patchEach(b.c)(w, ids, status)
+	}
+	ups := make([]map[string]any, len(ids))
+	for i, id := range ids {
+		ups[i] = map[string]any{"task_id": id, "status": status}
+	}
+	var out struct {
+		Results []struct {
+			Problem map[string]any `json:"problem"`
+		} `json:"results"`
+	}
+	body := map[string]any{"updates": ups}
+	var err error
+	if b.o.flow == "socket" {
+		err = b.socks[w].call("update_tasks", body, &out)
+	} else {
+		err = b.c.do("POST", "/tasks/update-batch", body, &out)
+	}
+	if err != nil {
+		return err
+	}
+	if len(out.Results) != len(ids) {
+		return fmt.Errorf("%d results for %d reports", len(out.Results), len(ids))
+	}
+	for _, r := range out.Results {
+		if r.Problem != nil {
+			return fmt.Errorf("report refused: %v", r.Problem)
+		}
+	}
+	return nil
 }
 
 // rawBench is the ceiling: the least a claim → complete loop can cost on
@@ -590,7 +688,7 @@ func (b *floorBench) round(ctx context.Context) (result, error) {
 	s0 := b.statements.Load()
 	c0, p0 := sampleCPU(), backendCPU(ctx, "f")
 	start := time.Now()
-	claims, tasks, err := httpLoop(b.o.workers, func(w int) ([]string, error) {
+	claims, tasks, err := workLoop(b.o.workers, func(w int) ([]string, error) {
 		var out struct {
 			Tasks []struct {
 				ID string `json:"id"`
@@ -604,7 +702,7 @@ func (b *floorBench) round(ctx context.Context) (result, error) {
 			ids[i] = t.ID
 		}
 		return ids, nil
-	}, b.c)
+	}, patchEach(b.c))
 	r := result{elapsed: time.Since(start), claims: claims, statements: b.statements.Load() - s0, tasks: tasks}
 	r.proc, r.machine = sampleCPU().since(c0)
 	r.pg = backendCPU(ctx, "f").since(p0)
