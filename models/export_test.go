@@ -11,6 +11,7 @@ func (db *DB) ExecRaw(sql string, args ...any) error {
 var (
 	ClaimSQL       = claimSQL
 	UpdateBatchSQL = updateBatchSQL
+	UpdateOneSQL   = updateOneSQL
 	TaskSelectSQL  = taskSelect
 	TasksSelectSQL = tasksSelect
 )

@@ -90,7 +90,10 @@ func scanHotTask(row pgx.Rows) (HotTask, error) {
 // reads no pending row beyond them but the locked ones it skips, and never
 // sorts pending rows, whatever the queue length or the statistics. (Locking
 // only what it claims is what keeps a concurrent claimer from coming back
-// empty, or out of order, while a task it may take is pending.) The worker
+// empty, or out of order, while a task it may take is pending.) The update
+// finds the picked rows by their primary key, as an array: joined on picked,
+// the generic plan PostgreSQL may cache after five executions, which cannot
+// know the LIMIT, hashed a sequential scan of every task. The worker
 // row is held in key share, as models.LockWorker does, so a concurrent
 // cleanup of the worker either finished first or sees these claims. The
 // outer join returns one row with NULL task columns when nothing was
@@ -114,7 +117,7 @@ var claimSQL = `WITH w AS (
 ), u AS (
 	UPDATE tasks t SET status = CASE WHEN $10 THEN 'running' ELSE 'claimed' END, worker_id = $1, attempt = t.attempt + 1,
 		claimed_at = now(), started_at = CASE WHEN $10 THEN now() ELSE t.started_at END, updated_at = now()
-	FROM picked WHERE t.id = picked.id
+	WHERE t.id = ANY(ARRAY(SELECT id FROM picked))
 	RETURNING t.*
 )` + claimOutbox + `
 SELECT EXISTS (SELECT 1 FROM w), ` + hotTaskCols + `, NULL::bigint AS qp, ` + claimNotified + `
@@ -295,14 +298,23 @@ type HotUpdate struct {
 	Result *string
 }
 
-// updateBatchSQL applies the reports $1..$4 (task ids, statuses, errors,
-// results, as parallel arrays) to the tasks that are in a state each may come
-// from ($6 lists the allowed from/to pairs as "from>to"), held by a worker of
-// user $5, and not the late report of a worker a cleanup took them from: the
-// rules of the general path, for any number of tasks in one statement. A report that
-// matches no such task changes nothing and is absent from the answer.
-var updateBatchSQL = `WITH b AS (
-	SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[]) AS b(id, status, err, result)
+// updateSQL applies status reports, the rows of b (id, status, err, result),
+// to the tasks that are in a state each may come from ($6 lists the allowed
+// from/to pairs as "from>to"), held by a worker of user $5, and not the late
+// report of a worker a cleanup took them from: the rules of the general
+// path, in one statement. A report that matches no such task changes nothing
+// and is absent from the answer. key is the condition that finds the tasks.
+//
+// The statement must find its tasks by their primary key in every plan,
+// including the generic one PostgreSQL caches after five executions, which
+// knows nothing of the parameters: key is the only condition on t that an
+// index can serve (a "worker_id IS NOT NULL" can make that plan walk
+// tasks_worker_idx over every task any worker ever held), and OFFSET 0
+// keeps the owner check a per-row test instead of a join that starts from
+// the user's workers and reads all their tasks.
+func updateSQL(b, key string) string {
+	return `WITH b AS (
+	` + b + `
 ), u AS (
 	UPDATE tasks t SET status = b.status, updated_at = now(),
 		started_at = CASE WHEN b.status = 'running' THEN now() ELSE t.started_at END,
@@ -310,19 +322,29 @@ var updateBatchSQL = `WITH b AS (
 		error = CASE WHEN b.err <> '' THEN b.err ELSE t.error END,
 		result = COALESCE(b.result, t.result)
 	FROM b
-	WHERE t.id = b.id AND (t.status || '>' || b.status) = ANY($6::text[]) AND t.worker_id IS NOT NULL
+	WHERE ` + key + ` AND t.id = b.id AND (t.status || '>' || b.status) = ANY($6::text[])
 		AND (t.lost_worker_id IS NULL OR t.worker_id <> t.lost_worker_id)
-		AND EXISTS (SELECT 1 FROM workers w WHERE w.id = t.worker_id AND w.user_id = $5)
+		AND EXISTS (SELECT 1 FROM workers w WHERE w.id = t.worker_id AND w.user_id = $5 OFFSET 0)
 	RETURNING t.*
-)` + updateBatchOutbox + `
-SELECT ` + hotTaskCols + `, NULL::bigint AS qp, ` + updateBatchNotified + `
+)` + updateOutbox + `
+SELECT ` + hotTaskCols + `, NULL::bigint AS qp, ` + updateNotified + `
 FROM u LEFT JOIN jobs j ON j.id = u.job_id LEFT JOIN ev ON ev.id = u.id
 ORDER BY u.seq`
+}
 
-var updateBatchOutbox, updateBatchNotified = hotOutbox(7, "u", "NULL")
+var updateOutbox, updateNotified = hotOutbox(7, "u", "NULL")
 
-// UpdateTasksHot applies a batch of status reports by user's workers in one
-// statement and returns the tasks it changed (in seq order; the reports
+// updateOneSQL is one report ($1..$4 the task id, status, error, result): a
+// key equality, whose generic plan PostgreSQL keeps (the batch form over
+// arrays is planned anew at every execution, which costs a single report
+// more than running it).
+var updateOneSQL = updateSQL(`SELECT $1::uuid AS id, $2::text AS status, $3::text AS err, $4::text AS result`, "t.id = $1")
+
+// updateBatchSQL is many reports, $1..$4 parallel arrays.
+var updateBatchSQL = updateSQL(`SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[]) AS b(id, status, err, result)`, "t.id = ANY($1::uuid[])")
+
+// UpdateTasksHot applies status reports by user's workers in one statement
+// and returns the tasks it changed (in seq order; the reports
 // that changed nothing are absent: the caller takes the general path for
 // each, which tells the reason). transitions lists the allowed changes as
 // "from>to". The ids must be distinct; they are sent in id order, so that
@@ -341,7 +363,11 @@ func (db *DB) UpdateTasksHot(ctx context.Context, ups []HotUpdate, transitions [
 	for i, u := range ups {
 		ids[i], statuses[i], errs[i], results[i] = u.ID, u.Status, u.Error, u.Result
 	}
-	rows, err := db.Pool.Query(ctx, updateBatchSQL, append([]any{ids, statuses, errs, results, userID, transitions}, n.args()...)...)
+	sql, args := updateBatchSQL, []any{ids, statuses, errs, results}
+	if len(ups) == 1 {
+		sql, args = updateOneSQL, []any{ids[0], statuses[0], errs[0], results[0]}
+	}
+	rows, err := db.Pool.Query(ctx, sql, append(append(args, userID, transitions), n.args()...)...)
 	if retryable(err) {
 		return nil, nil // a deadlock victim changed nothing: the general path retries each
 	}

@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/zndraw/joblib/internal/dbtest"
 	"github.com/zndraw/joblib/models"
 )
@@ -66,6 +68,57 @@ func explain(t *testing.T, db *models.DB, sql string, args ...any) planNode {
 	return out[0].Plan
 }
 
+// explainGeneric is explain for the generic plan: the one PostgreSQL caches
+// for a prepared statement after five executions, made without the
+// parameters' values (pgx prepares every statement it runs). The plan is
+// forced with plan_cache_mode and reported by auto_explain as a notice; the
+// statement runs in a transaction that is rolled back.
+func explainGeneric(t *testing.T, db *models.DB, sql string, args ...any) planNode {
+	t.Helper()
+	ctx := context.Background()
+	cfg := db.Pool.Config().ConnConfig.Copy()
+	var notices []string
+	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) { notices = append(notices, n.Message) }
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	for _, s := range []string{"LOAD 'auto_explain'", "SET auto_explain.log_min_duration = 0", "SET auto_explain.log_analyze = on",
+		"SET auto_explain.log_format = json", "SET auto_explain.log_level = notice", "SET plan_cache_mode = force_generic_plan"} {
+		if _, err := conn.Exec(ctx, s); err != nil {
+			t.Fatalf("%s: %v", s, err)
+		}
+	}
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	notices = nil
+	rows, err := tx.Query(ctx, sql, args...)
+	if err == nil {
+		rows.Close()
+		err = rows.Err()
+	}
+	if err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	for _, m := range notices {
+		if _, js, ok := strings.Cut(m, "plan:\n"); ok && strings.Contains(js, `"Query Text": "WITH`) {
+			var out struct {
+				Plan planNode `json:"Plan"`
+			}
+			if err := json.Unmarshal([]byte(js), &out); err != nil {
+				t.Fatalf("auto_explain's plan: %v", err)
+			}
+			return out.Plan
+		}
+	}
+	t.Fatalf("no plan among the notices %q", notices)
+	return planNode{}
+}
+
 // tasksRead is how many task rows the plan's nodes on tasks produced (rows
 // times loops), and whether any of them sorted or scanned the whole table.
 func tasksRead(p planNode) (rows float64, sorts, seqScans int) {
@@ -100,8 +153,9 @@ func TestPlansAtScale(t *testing.T) {
 		fmt.Sprintf("INSERT INTO workers (id, user_id) VALUES ('%s', '%s')", worker, user),
 		fmt.Sprintf("INSERT INTO jobs (id, room_id, category, name) VALUES ('%s', 'r', 'modifiers', 'A'), ('%s', 'r', 'modifiers', 'B')", jobA, jobB),
 		fmt.Sprintf("INSERT INTO worker_job_links (worker_id, job_id) VALUES ('%s', '%s'), ('%s', '%s')", worker, jobA, worker, jobB),
-		// Completed history first, then the queue: half in each job, interleaved.
-		fmt.Sprintf(`INSERT INTO tasks (id, job_id, room_id, status) SELECT gen_random_uuid(), '%s', 'r', 'completed' FROM generate_series(1, 5000)`, jobA),
+		// The worker's completed history first, then the queue: half in each
+		// job, interleaved.
+		fmt.Sprintf(`INSERT INTO tasks (id, job_id, room_id, status, worker_id) SELECT gen_random_uuid(), '%s', 'r', 'completed', '%s' FROM generate_series(1, 5000)`, jobA, worker),
 		fmt.Sprintf(`INSERT INTO tasks (id, job_id, room_id, status) SELECT gen_random_uuid(), CASE WHEN i %% 2 = 0 THEN '%s'::uuid ELSE '%s'::uuid END, 'r', 'pending' FROM generate_series(1, %d) i`, jobA, jobB, pending),
 	} {
 		if _, err := db.Pool.Exec(ctx, s); err != nil {
@@ -125,23 +179,37 @@ func TestPlansAtScale(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		for _, limit := range []int{1, 10} {
-			for _, start := range []bool{false, true} {
-				p := explain(t, db, models.ClaimSQL, append(append([]any{worker, user, limit}, models.HotNotify{}.Args()...), start)...)
-				rows, sorts, seq := tasksRead(p)
-				if rows > float64(10*limit+10) || sorts > 0 || seq > 0 {
-					t.Errorf("claim of %d (start %v) %s reads %.0f task rows (%d sorts, %d seq scans):\n%s", limit, start, stats, rows, sorts, seq, p)
+		// The hot statements, with their parameters' values (the plan of
+		// the first executions) and without (the plan cached after them).
+		for _, plan := range []struct {
+			name    string
+			explain func(*testing.T, *models.DB, string, ...any) planNode
+		}{{"custom plan", explain}, {"generic plan", explainGeneric}} {
+			for _, limit := range []int{1, 10} {
+				for _, start := range []bool{false, true} {
+					p := plan.explain(t, db, models.ClaimSQL, append(append([]any{worker, user, limit}, models.HotNotify{}.Args()...), start)...)
+					rows, sorts, seq := tasksRead(p)
+					if rows > float64(10*limit+10) || sorts > 0 || seq > 0 {
+						t.Errorf("claim of %d (start %v) %s, %s: reads %.0f task rows (%d sorts, %d seq scans):\n%s", limit, start, stats, plan.name, rows, sorts, seq, p)
+					}
 				}
 			}
-		}
-		// A batch report of ten held tasks reads each by its key.
-		statuses, errs, results := make([]string, len(held)), make([]string, len(held)), make([]*string, len(held))
-		for i := range held {
-			statuses[i] = "completed"
-		}
-		up := explain(t, db, models.UpdateBatchSQL, append([]any{held, statuses, errs, results, user, []string{"running>completed"}}, models.HotNotify{}.Args()...)...)
-		if rows, sorts, seq := tasksRead(up); rows < float64(len(held)) || rows > 3*float64(len(held)) || sorts > 0 || seq > 0 {
-			t.Errorf("batch report of %d %s reads %.0f task rows (%d sorts, %d seq scans):\n%s", len(held), stats, rows, sorts, seq, up)
+			// A report of one held task, and a batch of ten, read each by its
+			// key, not the worker's history.
+			for _, n := range []int{1, len(held)} {
+				statuses, errs, results := make([]string, n), make([]string, n), make([]*string, n)
+				for i := range n {
+					statuses[i] = "completed"
+				}
+				sql, args := models.UpdateBatchSQL, []any{held[:n], statuses, errs, results}
+				if n == 1 {
+					sql, args = models.UpdateOneSQL, []any{held[0], statuses[0], errs[0], results[0]}
+				}
+				up := plan.explain(t, db, sql, append(append(args, user, []string{"running>completed"}), models.HotNotify{}.Args()...)...)
+				if rows, sorts, seq := tasksRead(up); rows < float64(n) || rows > 3*float64(n) || sorts > 0 || seq > 0 {
+					t.Errorf("report of %d %s, %s: reads %.0f task rows (%d sorts, %d seq scans):\n%s", n, stats, plan.name, rows, sorts, seq, up)
+				}
+			}
 		}
 		// A room's newest pending tasks (GET /rooms/r/tasks?status=pending):
 		// one ranking pass over the pending tasks of the page's jobs; a count
