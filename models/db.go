@@ -138,6 +138,9 @@ func Open(ctx context.Context, rawURL string, opts OpenOptions) (*DB, error) {
 	// time the form the previous driver wrote, not time.Time.String()).
 	q.Add("_time_format", "sqlite")
 	dsn := path + "?" + q.Encode()
+	// gorm's PrepareStmt stays off: the dialector's connection caches its
+	// compiled statements itself, inside transactions too (see
+	// sqlite_stmtcache.go for why gorm's cache would not).
 	g, err := gorm.Open(sqliteDialector{DSN: dsn}, gcfg)
 	if err != nil {
 		return nil, sqliteOpenError(path, err)

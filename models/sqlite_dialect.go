@@ -24,7 +24,7 @@ import (
 // the basics.
 type sqliteDialector struct {
 	// DSN opens a new database: the file path, then modernc's parameters
-	// (?_pragma=...).
+	// (?_pragma=...). Each connection caches its compiled statements.
 	DSN string
 	// Conn, if set, is used instead of opening DSN.
 	Conn gorm.ConnPool
@@ -48,11 +48,11 @@ func (d sqliteDialector) Initialize(db *gorm.DB) error {
 		db.ConnPool = d.Conn
 		return nil
 	}
-	conn, err := sql.Open("sqlite", d.DSN)
+	c, err := sqlite.NewConnector(d.DSN)
 	if err != nil {
 		return err
 	}
-	db.ConnPool = conn
+	db.ConnPool = sql.OpenDB(stmtCacheConnector{Connector: c, size: stmtCacheSize})
 	return nil
 }
 
