@@ -6,10 +6,10 @@ import (
 	"testing"
 	"time"
 
-	_ "github.com/glebarez/go-sqlite" // a second SQLite connection of the test's own
 	"github.com/google/uuid"
 	"github.com/zndraw/joblib/internal/dbtest"
 	"github.com/zndraw/joblib/models"
+	_ "modernc.org/sqlite" // a second SQLite connection of the test's own
 )
 
 // execOutside runs a statement on a connection of its own, outside the

@@ -10,7 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/glebarez/sqlite"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -134,8 +133,15 @@ func Open(ctx context.Context, rawURL string, opts OpenOptions) (*DB, error) {
 	q.Add("_pragma", "journal_mode(WAL)")
 	q.Add("_pragma", "busy_timeout(10000)")
 	q.Add("_pragma", "synchronous(NORMAL)")
+	// time.Time arguments as "2006-01-02 15:04:05.999999999-07:00" (joblib
+	// passes its own Time, which writes text itself; this keeps any other
+	// time the form the previous driver wrote, not time.Time.String()).
+	q.Add("_time_format", "sqlite")
 	dsn := path + "?" + q.Encode()
-	g, err := gorm.Open(sqlite.Open(dsn), gcfg)
+	// gorm's PrepareStmt stays off: the dialector's connection caches its
+	// compiled statements itself, inside transactions too (see
+	// sqlite_stmtcache.go for why gorm's cache would not).
+	g, err := gorm.Open(sqliteDialector{DSN: dsn}, gcfg)
 	if err != nil {
 		return nil, sqliteOpenError(path, err)
 	}
@@ -263,7 +269,9 @@ func mapErr(err error) error {
 	case errors.Is(err, gorm.ErrDuplicatedKey), errors.Is(err, gorm.ErrForeignKeyViolated):
 		return fmt.Errorf("%w: %w", ErrConflict, err)
 	}
-	// glebarez/sqlite translates unique violations; foreign keys arrive as text.
+	// The SQLite dialector translates unique and foreign-key violations;
+	// other constraints (NOT NULL, CHECK) and errors read outside gorm (rows
+	// scanned by hand) arrive as text.
 	msg := err.Error()
 	if strings.Contains(msg, "constraint failed") {
 		return fmt.Errorf("%w: %w", ErrConflict, err)
