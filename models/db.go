@@ -108,6 +108,10 @@ func Open(ctx context.Context, rawURL string, opts OpenOptions) (*DB, error) {
 		if opts.Statements != nil {
 			pcfg.ConnConfig.Tracer = statementCounter{opts.Statements}
 		}
+		pcfg.AfterConnect = func(_ context.Context, c *pgx.Conn) error {
+			registerUUID(c)
+			return nil
+		}
 		if opts.MaxConns > 0 {
 			pcfg.MaxConns = opts.MaxConns
 		}

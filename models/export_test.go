@@ -1,5 +1,12 @@
 package models
 
+import (
+	"context"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgtype"
+)
+
 // ExecRaw runs one statement of the test's own. Tests use it to put rows in
 // states the package's API does not produce (a heartbeat aged by SQL that
 // does not go through the code under test, a row lock held elsewhere).
@@ -18,3 +25,17 @@ var (
 
 // Args is the parameter list a HotNotify adds to a hot statement.
 func (h HotNotify) Args() []any { return h.args() }
+
+// UUIDPlansDirect reports whether the pool's connections encode and scan
+// uuid.UUID with joblib's own plans, not through strings.
+func (db *DB) UUIDPlansDirect(ctx context.Context) (bool, error) {
+	c, err := db.Pool.Acquire(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer c.Release()
+	m := c.Conn().TypeMap()
+	_, enc := m.PlanEncode(pgtype.UUIDOID, pgtype.BinaryFormatCode, uuid.UUID{}).(uuidPlan)
+	_, scan := m.PlanScan(pgtype.UUIDOID, pgtype.BinaryFormatCode, &uuid.UUID{}).(uuidPlan)
+	return enc && scan, nil
+}
