@@ -102,6 +102,8 @@ type Client struct {
 	reregs  int // workers re-created after the server lost one
 
 	socketClaims int // claims answered over the socket
+	// socketReports counts outcomes reported over the socket.
+	socketReports int
 
 	dropNotices bool // tests: ignore task_available, leaving only the polling fallback
 }

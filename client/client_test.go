@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -282,14 +283,24 @@ func TestRunPush(t *testing.T) {
 		}
 		var handled []string
 		var mu sync.Mutex
+		var notRunning []string
 		stop := running(t, c, func(ctx context.Context, task Task) (any, error) {
-			var p struct{ N int }
+			var p struct {
+				N   int
+				Big int
+			}
 			if err := json.Unmarshal(task.Payload, &p); err != nil {
 				return nil, err
 			}
 			mu.Lock()
 			handled = append(handled, task.ID)
+			if task.Status != StatusRunning {
+				notRunning = append(notRunning, task.Status)
+			}
 			mu.Unlock()
+			if p.Big > 0 {
+				return strings.Repeat("x", p.Big), nil
+			}
 			return map[string]int{"double": 2 * p.N}, nil
 		})
 		eventually(t, "the socket joined", func() bool { return c.joinCount() == 1 })
@@ -300,16 +311,22 @@ func TestRunPush(t *testing.T) {
 				t.Fatalf("task %d: %+v result %s", i, got, got.Result)
 			}
 		}
-		stop()
-		if len(handled) != 3 {
-			t.Fatalf("handled %d tasks, want 3", len(handled))
+		// A result too large for one socket message goes over HTTP.
+		big := ts.waitDone(t, ts.submit(t, "r1", job.FullName, map[string]int{"big": 200 << 10}))
+		if big.Status != "completed" || len(big.Result) != 200<<10+2 {
+			t.Fatalf("large result: %s, %d bytes", big.Status, len(big.Result))
 		}
-		// Each claim went over the socket (claim_tasks), not REST.
+		stop()
+		if len(handled) != 4 || len(notRunning) != 0 {
+			t.Fatalf("handled %d tasks, want 4; handed over not running: %v", len(handled), notRunning)
+		}
+		// Each claim went over the socket (claim_tasks, which started the
+		// task), not REST, and so did each small outcome (update_tasks).
 		c.mu.Lock()
-		sc := c.socketClaims
+		sc, sr := c.socketClaims, c.socketReports
 		c.mu.Unlock()
-		if sc < 3 {
-			t.Fatalf("%d claims over the socket, want at least 3", sc)
+		if sc < 4 || sr != 3 {
+			t.Fatalf("%d claims and %d outcomes over the socket, want at least 4 and 3", sc, sr)
 		}
 		if err := c.Close(context.Background()); err != nil {
 			t.Fatal(err)

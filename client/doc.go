@@ -5,9 +5,11 @@
 // a job or a data provider served by the client's worker (creating the
 // worker); Run then keeps a Socket.IO connection joined to their rooms —
 // which keeps the worker's heartbeat fresh — claims a task on each
-// task_available notice and on a polling fallback timer (over the socket
-// with claim_tasks while it is open, else over REST), marks it running,
-// calls the handler and completes or fails it. Provider requests go to the
+// task_available notice and on a polling fallback timer, calls the handler
+// and completes or fails the task. While the socket is open a task is
+// claimed and started in one claim_tasks event and its outcome reported
+// with update_tasks, with no HTTP request at all; otherwise (and for results
+// over 64 KiB) it is claimed, started and finished over REST. Provider requests go to the
 // provider's handler; the result is uploaded under the request's hash,
 // which the SDK computes as the server does. A dropped connection, or a
 // restarted server, is re-joined with backoff, so that within the server's

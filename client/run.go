@@ -19,8 +19,9 @@ type Handler func(ctx context.Context, t Task) (result any, err error)
 // Socket.IO connection joined to each job's and provider's room (which
 // keeps the worker's heartbeat fresh and brings task_available and
 // provider_request events), claims on each notice and every poll interval,
-// and runs handler for each claimed task, marking it running, then
-// completed or failed. Provider requests are answered by their
+// and runs handler for each claimed task, which is running when the handler
+// starts and completed or failed when it returns (over the socket while it
+// is open: claim_tasks starts the task, update_tasks reports it). Provider requests are answered by their
 // ProviderHandler and uploaded under the request's hash.
 //
 // A dropped connection is re-opened with backoff and re-joined, so that
@@ -174,8 +175,8 @@ func (c *Client) reregister(ctx context.Context, stale string) error {
 }
 
 // claimNext claims one task over the open socket (claim_tasks, no HTTP
-// request), or over REST while there is no connection or the socket call
-// fails.
+// request; the task comes back already running), or over REST while there
+// is no connection or the socket call fails.
 func (c *Client) claimNext(ctx context.Context, wid string) (*Task, error) {
 	c.mu.Lock()
 	s := c.sock
@@ -188,7 +189,7 @@ func (c *Client) claimNext(ctx context.Context, wid string) (*Task, error) {
 			Tasks  []Task `json:"tasks"`
 		}
 		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err := s.call(sctx, "claim_tasks", map[string]any{"worker_id": wid, "limit": 1}, &ack)
+		err := s.call(sctx, "claim_tasks", map[string]any{"worker_id": wid, "limit": 1, "start": true}, &ack)
 		cancel()
 		if err == nil {
 			if !ack.OK {
@@ -209,27 +210,76 @@ func (c *Client) claimNext(ctx context.Context, wid string) (*Task, error) {
 // process runs one claimed task to its end. Errors updating it (a task
 // cancelled meanwhile answers 409) leave it to the server.
 func (c *Client) process(ctx context.Context, handler Handler, t Task) {
-	if _, err := c.Update(ctx, t.ID, StatusRunning, nil, ""); err != nil {
-		c.log.Warn("joblib: could not start a claimed task; leaving it to the server", "task", t.ID, "err", err)
-		return
+	if t.Status != StatusRunning { // claimed over REST (or by a server that does not start claims)
+		if _, err := c.Update(ctx, t.ID, StatusRunning, nil, ""); err != nil {
+			c.log.Warn("joblib: could not start a claimed task; leaving it to the server", "task", t.ID, "err", err)
+			return
+		}
 	}
 	res, herr := runHandler(ctx, handler, t)
 	// The completion is sent even while stopping, so a finished task is not lost.
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	if herr != nil {
-		if _, err := c.Update(uctx, t.ID, StatusFailed, nil, herr.Error()); err != nil {
+		if err := c.report(uctx, t.ID, StatusFailed, nil, herr.Error()); err != nil {
 			c.log.Warn("joblib: could not fail a task", "task", t.ID, "err", err)
 		}
 		return
 	}
-	_, err := c.Update(uctx, t.ID, StatusCompleted, res, "")
+	err := c.report(uctx, t.ID, StatusCompleted, res, "")
 	if err != nil && errors.Is(err, ErrTooLarge) {
-		_, err = c.Update(uctx, t.ID, StatusFailed, nil, "result too large: "+err.Error())
+		err = c.report(uctx, t.ID, StatusFailed, nil, "result too large: "+err.Error())
 	}
 	if err != nil {
 		c.log.Warn("joblib: could not complete a task", "task", t.ID, "err", err)
 	}
+}
+
+// socketReportMax bounds the results reported over the socket. A larger one
+// goes over HTTP, whose limit is the server's result limit: a socket message
+// past the server's (smaller) message limit would close the connection.
+const socketReportMax = 64 << 10
+
+// report sends a task's outcome over the open socket (update_tasks, no HTTP
+// request), or with PATCH while there is no connection, the result is
+// large, the socket call fails or the server does not know update_tasks.
+// A refusal is a *ProblemError either way.
+func (c *Client) report(ctx context.Context, taskID, status string, result any, errText string) error {
+	c.mu.Lock()
+	s := c.sock
+	c.mu.Unlock()
+	up := map[string]any{"task_id": taskID, "status": status}
+	if errText != "" {
+		up["error"] = errText
+	}
+	if result != nil && status == StatusCompleted {
+		raw, err := json.Marshal(result)
+		if err != nil || len(raw) > socketReportMax {
+			s = nil
+		} else {
+			up["result"] = json.RawMessage(raw)
+		}
+	}
+	if s != nil {
+		var ack struct {
+			OK      bool `json:"ok"`
+			Results []struct {
+				Problem *ProblemError `json:"problem"`
+			} `json:"results"`
+		}
+		err := s.call(ctx, "update_tasks", map[string]any{"updates": []any{up}}, &ack)
+		if err == nil && ack.OK && len(ack.Results) == 1 {
+			if p := ack.Results[0].Problem; p != nil {
+				return fmt.Errorf("update task %s to %s: %w", taskID, status, p)
+			}
+			c.mu.Lock()
+			c.socketReports++
+			c.mu.Unlock()
+			return nil
+		}
+	}
+	_, err := c.Update(ctx, taskID, status, result, errText)
+	return err
 }
 
 func runHandler(ctx context.Context, h Handler, t Task) (res any, err error) {
