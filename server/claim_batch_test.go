@@ -154,18 +154,13 @@ func TestSocketClaimRace(t *testing.T) {
 			wg.Go(func() {
 				<-start
 				for {
-					a := socks[c].call("claim_tasks", map[string]any{"worker_id": f.workers[c], "limit": limit})
-					raw, ok := a["tasks"].([]any)
-					if a["ok"] != true || !ok {
-						errs[c] = fmt.Errorf("claim_tasks ack %v", a)
-						return
-					}
-					if len(raw) == 0 {
+					raw, err := socketClaim(socks[c], map[string]any{"worker_id": f.workers[c], "limit": limit})
+					if err != nil || len(raw) == 0 {
+						errs[c] = err
 						return
 					}
 					b := make([]claimedTask, len(raw))
-					for i, r := range raw {
-						m := r.(map[string]any)
+					for i, m := range raw {
 						b[i] = claimedTask{ID: m["id"].(string), Status: m["status"].(string)}
 						b[i].WorkerID, _ = m["worker_id"].(string)
 					}
@@ -182,6 +177,21 @@ func TestSocketClaimRace(t *testing.T) {
 		}
 		f.check(t, e, limit, batches)
 	})
+}
+
+// socketClaim sends claim_tasks and returns the tasks its ack carries (none:
+// nothing was claimable).
+func socketClaim(s *sioClient, body map[string]any) ([]map[string]any, error) {
+	a := s.call("claim_tasks", body)
+	raw, ok := a["tasks"].([]any)
+	if a["ok"] != true || !ok {
+		return nil, fmt.Errorf("claim_tasks ack %v", a)
+	}
+	out := make([]map[string]any, len(raw))
+	for i, r := range raw {
+		out[i] = r.(map[string]any)
+	}
+	return out, nil
 }
 
 // Batch claims answer like the single claim for bad input and for someone

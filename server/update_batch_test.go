@@ -250,21 +250,17 @@ func TestBatchUpdateRace(t *testing.T) {
 			claimersDone.Go(func() {
 				<-start
 				for {
-					start := c%4 >= 2
-					a := socks[c].call("claim_tasks", map[string]any{"worker_id": f.workers[c], "limit": limit, "start": start})
-					raw, ok := a["tasks"].([]any)
-					if a["ok"] != true || !ok {
-						errs[c] = fmt.Errorf("claim_tasks ack %v", a)
-						return
-					}
-					if len(raw) == 0 {
+					starts := c%4 >= 2
+					raw, err := socketClaim(socks[c], map[string]any{"worker_id": f.workers[c], "limit": limit, "start": starts})
+					if err != nil || len(raw) == 0 {
+						errs[c] = err
 						return
 					}
 					var running, done []map[string]any
 					for _, r := range raw {
-						id := r.(map[string]any)["id"].(string)
-						if st := r.(map[string]any)["status"]; st != map[bool]string{false: "claimed", true: "running"}[start] {
-							errs[c] = fmt.Errorf("claimer %d (start %v) got a task in status %v", c, start, st)
+						id := r["id"].(string)
+						if st := r["status"]; st != map[bool]string{false: "claimed", true: "running"}[starts] {
+							errs[c] = fmt.Errorf("claimer %d (start %v) got a task in status %v", c, starts, st)
 							return
 						}
 						claimedBy[c] = append(claimedBy[c], id)
@@ -277,7 +273,7 @@ func TestBatchUpdateRace(t *testing.T) {
 					}
 					seenMu.Unlock()
 					reports := [][]map[string]any{running, done}
-					if start {
+					if starts {
 						reports = reports[1:]
 					}
 					for _, ups := range reports {
