@@ -413,7 +413,7 @@ func (rt *Realtime) handle(ctx context.Context, s *sio.Socket, st *connState, ev
 		Limit        *int    `json:"limit"`
 		Start        bool    `json:"start"`
 		// Updates are update_tasks' reports.
-		Updates []json.RawMessage `json:"updates"`
+		Updates json.RawMessage `json:"updates"`
 	}
 	if len(ev.Args) > 0 {
 		if err := json.Unmarshal(ev.Args[0], &body); err != nil {
@@ -514,7 +514,7 @@ func (rt *Realtime) claimTasks(ctx context.Context, st *connState, rawWorker *st
 // updateTasks is the socket batch update (beyond the contract): a worker
 // with a socket reports the status of many tasks without any HTTP request;
 // the ack carries one item per report, as POST /tasks/update-batch answers.
-func (rt *Realtime) updateTasks(ctx context.Context, st *connState, raw []json.RawMessage) ack {
+func (rt *Realtime) updateTasks(ctx context.Context, st *connState, raw json.RawMessage) ack {
 	if st.anon {
 		return ack{Status: 401, Detail: "Unauthorized"}
 	}

@@ -29,9 +29,14 @@ type taskUpdateItem struct {
 	Problem *Problem     `json:"problem,omitempty"`
 }
 
-// decodeTaskUpdates turns the raw reports of a batch into the service's
-// form; each report's members are matched exactly, as a request body's are.
-func decodeTaskUpdates(raw []json.RawMessage) ([]joblib.TaskUpdate, error) {
+// decodeTaskUpdates turns the "updates" member of a batch into the
+// service's form; each report's members are matched exactly, as a request
+// body's are.
+func decodeTaskUpdates(updates json.RawMessage) ([]joblib.TaskUpdate, error) {
+	var raw []json.RawMessage
+	if err := json.Unmarshal(updates, &raw); err != nil || len(updates) == 0 || updates[0] != '[' {
+		return nil, fmt.Errorf(`field "updates" must be an array of {task_id, status, error?, result?}`)
+	}
 	if len(raw) < 1 || len(raw) > joblib.MaxUpdateBatch {
 		return nil, fmt.Errorf(`"updates" carries between 1 and %d updates`, joblib.MaxUpdateBatch)
 	}
@@ -91,7 +96,7 @@ func (s *Server) updateTasks(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var b struct {
-		Updates []json.RawMessage `json:"updates"`
+		Updates json.RawMessage `json:"updates"`
 	}
 	if !s.decodeBody(w, r, &b) {
 		return

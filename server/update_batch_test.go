@@ -138,6 +138,9 @@ func TestBatchUpdateOutcomes(t *testing.T) {
 		}
 		e.do(e.alice, "POST", path, map[string]any{"updates": []map[string]any{{"status": "running"}}}).problem(422, "validation-error")
 		e.do(e.alice, "POST", path, map[string]any{"updates": []any{"x"}}).problem(422, "validation-error")
+		if p := e.do(e.alice, "POST", path, map[string]any{"updates": "x"}).problem(422, "validation-error"); p["detail"] != `field "updates" must be an array of {task_id, status, error?, result?}` {
+			t.Fatalf("updates not an array: %v", p["detail"])
+		}
 		e.do("", "POST", path, map[string]any{"updates": []map[string]any{{"task_id": ids[0], "status": "completed"}}}).problem(401, "")
 		if got := e.getTask(ids[0]); got["status"] != "running" {
 			t.Fatalf("a refused batch changed %v", got)
@@ -158,8 +161,10 @@ func TestBatchUpdateOutcomes(t *testing.T) {
 		if got := e.getTask(ids[0]); fmt.Sprint(got["result"]) != "[1 2]" {
 			t.Fatalf("socket completion's result %v", got["result"])
 		}
-		if ack := w.call("update_tasks", map[string]any{"updates": []any{}}); ack["ok"] == true || ack["status"] != float64(422) {
-			t.Fatalf("empty socket batch %v", ack)
+		for _, bad := range []map[string]any{{"updates": []any{}}, {"updates": 5}, {}} {
+			if ack := w.call("update_tasks", bad); ack["ok"] == true || ack["status"] != float64(422) {
+				t.Fatalf("socket batch %v: %v", bad, ack)
+			}
 		}
 	})
 }
