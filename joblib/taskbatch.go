@@ -59,8 +59,8 @@ func (s *Service) UpdateTasks(ctx context.Context, p Principal, ups []TaskUpdate
 			continue
 		}
 		stored[i] = st
-		if s.hotUpdate(u.Status, u.Error) {
-			hot = append(hot, hotUpdate(u.TaskID, u.Status, u.Error, st))
+		if s.hotEligible(u.Status, u.Error) {
+			hot = append(hot, toHotUpdate(u.TaskID, u.Status, u.Error, st))
 		}
 	}
 	done := map[uuid.UUID]Task{}

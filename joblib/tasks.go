@@ -306,8 +306,8 @@ func (s *Service) UpdateTaskResult(ctx context.Context, p Principal, id uuid.UUI
 	if err != nil {
 		return Task{}, err
 	}
-	if s.hotUpdate(status, errMsg) {
-		hts, err := s.db.UpdateTasksHot(ctx, []models.HotUpdate{hotUpdate(id, status, errMsg, stored)}, hotTransitions, p.ID, s.hotNotify())
+	if s.hotEligible(status, errMsg) {
+		hts, err := s.db.UpdateTasksHot(ctx, []models.HotUpdate{toHotUpdate(id, status, errMsg, stored)}, hotTransitions, p.ID, s.hotNotify())
 		if err != nil {
 			return Task{}, err
 		}
@@ -348,15 +348,17 @@ func (s *Service) checkUpdate(status string, errMsg *string, result json.RawMess
 	return stored, nil
 }
 
-// hotUpdate reports whether a status report may take the one-statement path:
+// hotEligible reports whether a status report may take the one-statement path:
 // on PostgreSQL, a worker's report (a task is made claimed only by a claim,
 // pending only by a retry) whose error fits a NOTIFY with its event.
-func (s *Service) hotUpdate(status string, errMsg *string) bool {
+func (s *Service) hotEligible(status string, errMsg *string) bool {
 	return s.db.Dialect() == models.Postgres && status != models.StatusClaimed && status != models.StatusPending &&
 		(errMsg == nil || len(*errMsg) < hotErrorMax)
 }
 
-func hotUpdate(id uuid.UUID, status string, errMsg *string, stored *string) models.HotUpdate {
+// toHotUpdate is a validated report in the one-statement path's form (the
+// error is kept with a terminal status only, as the general path keeps it).
+func toHotUpdate(id uuid.UUID, status string, errMsg *string, stored *string) models.HotUpdate {
 	u := models.HotUpdate{ID: id, Status: status, Result: stored}
 	if errMsg != nil && events.Terminal(status) {
 		u.Error = *errMsg

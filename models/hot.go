@@ -354,18 +354,21 @@ func (db *DB) UpdateTasksHot(ctx context.Context, ups []HotUpdate, transitions [
 	if db.Pool == nil {
 		return nil, ErrNoHotPath
 	}
-	ups = slices.Clone(ups)
-	slices.SortFunc(ups, func(a, b HotUpdate) int { return bytes.Compare(a.ID[:], b.ID[:]) })
-	ids := make([]uuid.UUID, len(ups))
-	statuses := make([]string, len(ups))
-	errs := make([]string, len(ups))
-	results := make([]*string, len(ups))
-	for i, u := range ups {
-		ids[i], statuses[i], errs[i], results[i] = u.ID, u.Status, u.Error, u.Result
-	}
-	sql, args := updateBatchSQL, []any{ids, statuses, errs, results}
+	var sql string
+	var args []any
 	if len(ups) == 1 {
-		sql, args = updateOneSQL, []any{ids[0], statuses[0], errs[0], results[0]}
+		u := ups[0]
+		sql, args = updateOneSQL, []any{u.ID, u.Status, u.Error, u.Result}
+	} else {
+		ups = slices.SortedFunc(slices.Values(ups), func(a, b HotUpdate) int { return bytes.Compare(a.ID[:], b.ID[:]) })
+		ids := make([]uuid.UUID, len(ups))
+		statuses := make([]string, len(ups))
+		errs := make([]string, len(ups))
+		results := make([]*string, len(ups))
+		for i, u := range ups {
+			ids[i], statuses[i], errs[i], results[i] = u.ID, u.Status, u.Error, u.Result
+		}
+		sql, args = updateBatchSQL, []any{ids, statuses, errs, results}
 	}
 	rows, err := db.Pool.Query(ctx, sql, append(append(args, userID, transitions), n.args()...)...)
 	if retryable(err) {

@@ -37,8 +37,8 @@ func decodeTaskUpdates(updates json.RawMessage) ([]joblib.TaskUpdate, error) {
 	if err := json.Unmarshal(updates, &raw); err != nil || len(updates) == 0 || updates[0] != '[' {
 		return nil, fmt.Errorf(`field "updates" must be an array of {task_id, status, error?, result?}`)
 	}
-	if len(raw) < 1 || len(raw) > joblib.MaxUpdateBatch {
-		return nil, fmt.Errorf(`"updates" carries between 1 and %d updates`, joblib.MaxUpdateBatch)
+	if len(raw) > joblib.MaxUpdateBatch {
+		return nil, fmt.Errorf(`"updates" carries between 1 and %d updates`, joblib.MaxUpdateBatch) // before decoding them all
 	}
 	ups := make([]joblib.TaskUpdate, len(raw))
 	for i, r := range raw {
