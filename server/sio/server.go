@@ -289,7 +289,7 @@ func (e engineHandler) OnClose(conn *engineio.Conn, reason string) {
 // headers) for its lifetime.
 type handshake struct {
 	method, proto, host, remote, path, query string
-	client                                   string // clientaddr.Of the request
+	client                                   string   // clientaddr.Of the request
 	headers                                  []string // name, value, name, value...
 }
 
