@@ -417,7 +417,7 @@ func TestNginxConfigs(t *testing.T) {
 			}
 			conf := string(raw)
 			for _, want := range []string{"proxy_http_version 1.1;", "proxy_set_header Upgrade $http_upgrade;",
-				"proxy_set_header Connection $connection_upgrade;", "proxy_set_header Host $host;",
+				"proxy_set_header Connection $connection_upgrade;", "proxy_set_header Host $http_host;",
 				"proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;", "proxy_buffering off;",
 				"client_max_body_size 16m;", "upstream joblib {"} {
 				if !strings.Contains(conf, want) {

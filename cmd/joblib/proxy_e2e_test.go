@@ -1,0 +1,485 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/zndraw/joblib/internal/dbtest"
+	"github.com/zndraw/joblib/models"
+)
+
+// TestProxyBesideHostApp runs the deployment joblib's users run: Debian's
+// nginx, configured with deploy/nginx's files word for word (only listen
+// addresses and upstream servers replaced), in front of two `joblib serve`
+// nodes on one PostgreSQL and of the example host app (examples/host), which
+// issues the JWTs and answers the room-auth callback. Through the proxy:
+//
+//   - logins at the host give JWTs joblib accepts (shared secret, audience);
+//   - socket.io-client UIs (polling then websocket upgrade, on the host's
+//     origin; polling only on joblib's own origin with the host's Origin)
+//     and python-socketio clients join rooms under room delegation: the
+//     host's answer admits alice to room alice and refuses bob;
+//   - a Python worker (examples/python/worker.py) registers, claims and
+//     completes; the UIs receive every status event exactly once;
+//   - the node holding a UI's session is SIGKILLed: the UIs and the worker
+//     carry on through the other node (reconnect, rejoin, next task);
+//   - a `Prefer: wait=30` long-poll is held for its 30 s and answered, while
+//     the same configuration with its proxy_read_timeout lowered to 2 s cuts
+//     the same long-poll with a 504: the timeouts in the files are the ones
+//     nginx applies to joblib's paths.
+//
+// The long-poll makes it last a little over 30 s.
+func TestProxyBesideHostApp(t *testing.T) {
+	t.Parallel()
+	began := time.Now()
+	joblibBinary(t)
+	for _, need := range []string{nginxPath, "/usr/bin/python3"} {
+		if _, err := os.Stat(need); err != nil {
+			t.Fatalf("%s: %v (scripts/test.sh installs Debian's nginx, python3-fastapi, python3-uvicorn, python3-jwt)", need, err)
+		}
+	}
+	dbURL := dbtest.URL(t, models.Postgres)
+
+	// The host app: logins and rooms.
+	secret := "host-secret-" + uuid.NewString()
+	hostAddr := freeAddr(t)
+	_, hostPort, _ := net.SplitHostPort(hostAddr)
+	startPython(t, "host", []string{"JWT_SECRET=" + secret}, "../../examples/host/app.py", "--port", hostPort)
+	waitHTTP(t, "http://"+hostAddr+"/healthz")
+
+	// Two joblib nodes sharing the host's JWT secret and asking it about rooms.
+	token := "jl_proxy_" + uuid.NewString()
+	env := func(name string) []string {
+		return []string{"JOBLIB_DATABASE_URL=" + dbURL, "JOBLIB_ADMIN_TOKEN=" + token, "JOBLIB_NODE_ID=" + name,
+			"JOBLIB_JWT_SECRET=" + secret, "JOBLIB_ROOM_AUTH_URL=http://" + hostAddr + "/joblib/room-auth",
+			"JOBLIB_ALLOWED_ORIGINS=app.example.com", "JOBLIB_NODE_LEASE_TIMEOUT=2s", "JOBLIB_SWEEPER_INTERVAL=1s"}
+	}
+	nodes := map[string]*proc{"a": launchServe(t, env("a")...), "b": launchServe(t, env("b")...)}
+	for _, p := range nodes {
+		p.waitListening(t)
+	}
+
+	// nginx, from deploy/nginx: layout 2 (the host's origin carries joblib's
+	// paths), layout 1 (joblib's own origin), and layout 2 with its read
+	// timeouts lowered (the control of the long-poll).
+	upstreams := map[string]string{"127.0.0.1:8081": nodes["a"].addr, "127.0.0.1:8082": nodes["b"].addr, "127.0.0.1:8000": hostAddr}
+	one := startNginx(t, "../../deploy/nginx/joblib-one-origin.conf", upstreams, nil)
+	own := startNginx(t, "../../deploy/nginx/joblib-own-origin.conf", upstreams, nil)
+	short := startNginx(t, "../../deploy/nginx/joblib-one-origin.conf", upstreams, map[string]string{"proxy_read_timeout 90s;": "proxy_read_timeout 2s;"})
+
+	// Logins at the host, through the proxy, as fastapi-users' form.
+	login := func(user string) string {
+		t.Helper()
+		res, err := http.PostForm(one+"/auth/jwt/login", url.Values{"username": {user}, "password": {user}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		var tok struct {
+			AccessToken string `json:"access_token"`
+		}
+		if err := json.NewDecoder(res.Body).Decode(&tok); err != nil || res.StatusCode != 200 || tok.AccessToken == "" {
+			t.Fatalf("login %s: %d %v", user, res.StatusCode, err)
+		}
+		return tok.AccessToken
+	}
+	alice, bob := login("alice"), login("bob")
+	api := func(base string) string { return base + "/v1/joblib" }
+
+	// The Python worker, on joblib's own origin (workers send no Origin).
+	worker, workerOut := startPython(t, "worker", []string{"JOBLIB_URL=" + own, "JOBLIB_TOKEN=" + alice, "ROOM=alice", "WORKER_TIMEOUT=60"},
+		"../../examples/python/worker.py")
+	expectPyLine(t, worker, workerOut, "ready ")
+
+	// socket.io-client UIs.
+	ag := startAgent(t)
+	connect := func(sock, base, tok string, extra map[string]any) {
+		t.Helper()
+		cmd := map[string]any{"op": "connect", "sock": sock, "url": base, "token": tok, "reconnection": true}
+		for k, v := range extra {
+			cmd[k] = v
+		}
+		if _, err := ag.do(cmd); err != nil {
+			t.Fatalf("connect %s to %s: %v", sock, base, err)
+		}
+	}
+	join := func(sock, room string) map[string]any {
+		t.Helper()
+		res, err := ag.do(map[string]any{"op": "emit", "sock": sock, "event": "join_room", "payload": map[string]any{"room_id": room}})
+		if err != nil {
+			t.Fatalf("%s join_room %s: %v", sock, room, err)
+		}
+		var ack map[string]any
+		_ = json.Unmarshal(res, &ack)
+		return ack
+	}
+	mustJoin := func(sock, room string) {
+		t.Helper()
+		if ack := join(sock, room); ack["ok"] != true {
+			t.Fatalf("%s join_room %s: %v", sock, room, ack)
+		}
+	}
+	connect("ui-alice", one, alice, nil)
+	mustJoin("ui-alice", "alice")
+	connect("ui-alice-own", own, alice, map[string]any{"transports": []string{"polling"}, "headers": map[string]string{"Origin": "https://app.example.com"}})
+	mustJoin("ui-alice-own", "alice")
+	if _, err := ag.do(map[string]any{"op": "connect", "sock": "ui-evil", "url": own, "token": alice,
+		"headers": map[string]string{"Origin": "https://evil.example"}}); err == nil {
+		t.Fatal("a socket from an origin outside JOBLIB_ALLOWED_ORIGINS connected through layout 1")
+	}
+	connect("ui-bob", one, bob, nil)
+	if ack := join("ui-bob", "alice"); ack["ok"] != false || ack["status"] != float64(403) {
+		t.Fatalf("bob joined alice's room: %v", ack)
+	}
+	mustJoin("ui-bob", "bob")
+	// python-socketio (polling, then upgrade) under the same delegation.
+	py, pyOut := startPython(t, "py-ui", []string{"URL=" + one, "TOKEN=" + bob}, "-c", pyJoinScript)
+	var pyRes struct {
+		Transport  string
+		Alice, Bob map[string]any
+	}
+	if err := json.Unmarshal([]byte(expectPyLine(t, py, pyOut, "result ")), &pyRes); err != nil {
+		t.Fatal(err)
+	}
+	if pyRes.Transport != "websocket" || pyRes.Alice["ok"] != false || pyRes.Alice["status"] != float64(403) || pyRes.Bob["ok"] != true {
+		t.Fatalf("python-socketio (bob) through the proxy: %+v, want websocket, alice refused with 403, bob admitted", pyRes)
+	}
+	if st, _, _ := call(t, "POST", api(one)+"/rooms/alice/tasks/alice:modifiers:Scale", bob, map[string]any{"payload": map[string]any{}}); st != 403 {
+		t.Fatalf("bob submitted to alice's room: %d", st)
+	}
+	for _, ui := range []string{"ui-alice", "ui-alice-own"} {
+		if tr := ag.transport(ui); tr != map[string]string{"ui-alice": "websocket", "ui-alice-own": "polling"}[ui] {
+			t.Fatalf("%s transport %s", ui, tr)
+		}
+	}
+
+	// A task through the whole chain.
+	runTask := func() string {
+		t.Helper()
+		id := submit(t, api(one), alice, "alice", "alice:modifiers:Scale")
+		expectPyLine(t, worker, workerOut, "done "+id)
+		for _, ui := range []string{"ui-alice", "ui-alice-own"} {
+			ag.waitFor(ui+" completed "+id, 15*time.Second, statusIs(ui, id, "completed"))
+		}
+		return id
+	}
+	first := runTask()
+
+	// Kill the node holding ui-alice's session.
+	runs := nodeRuns(t, dbURL)
+	roomOf := map[string]string{"ui-alice": "alice", "ui-alice-own": "alice", "ui-bob": "bob"}
+	onNode := map[string]string{}
+	for _, ui := range []string{"ui-alice", "ui-alice-own", "ui-bob"} {
+		onNode[ui] = runs[sessionRunOf(t, ag, ui)]
+	}
+	victim := onNode["ui-alice"]
+	survivor := map[string]string{"a": "b", "b": "a"}[victim]
+	if victim == "" {
+		t.Fatalf("ui-alice's session names no known node: %v %v", runs, onNode)
+	}
+	killedAt := time.Now()
+	kill(t, nodes[victim])
+	for ui, node := range onNode {
+		if node != victim {
+			continue
+		}
+		ag.waitFor(ui+" reconnected", 15*time.Second, func(e agentEvent) bool {
+			return e.Sock == ui && e.Event == "$connect" && e.At.After(killedAt)
+		})
+		mustJoin(ui, roomOf[ui])
+		if run := runs[sessionRunOf(t, ag, ui)]; run != survivor {
+			t.Fatalf("%s reconnected to node %q, want %q", ui, run, survivor)
+		}
+	}
+
+	// The long-poll, on a task nobody will take, through the configuration
+	// and through its control with 2 s read timeouts.
+	if st, _, b := call(t, "PUT", api(one)+"/rooms/alice/jobs", alice, map[string]any{"category": "analysis", "name": "Idle", "schema": map[string]any{}}); st != 201 {
+		t.Fatalf("register alice:analysis:Idle: %d %v", st, b)
+	}
+	idle := submit(t, api(one), alice, "alice", "alice:analysis:Idle")
+	type poll struct {
+		status  int
+		applied string
+		task    map[string]any
+		took    time.Duration
+	}
+	longPoll := func(base string) <-chan poll {
+		out := make(chan poll, 1)
+		go func() {
+			start := time.Now()
+			st, h, body := call(t, "GET", api(base)+"/tasks/"+idle, alice, nil, "Prefer: wait=30")
+			out <- poll{st, h.Get("Preference-Applied"), body, time.Since(start)}
+		}()
+		return out
+	}
+	held, cut := longPoll(one), longPoll(short)
+
+	// Meanwhile the clients carry on through the surviving node.
+	second := runTask()
+
+	c := <-cut
+	if c.status != 504 || c.took > 10*time.Second {
+		t.Fatalf("through read timeouts of 2 s the long-poll answered %d after %s, want nginx's 504 after about 2 s", c.status, c.took)
+	}
+	h := <-held
+	if h.status != 200 || h.applied != "wait=30" || h.task["status"] != "pending" || h.took < 29*time.Second {
+		t.Fatalf("long-poll through the proxy: %d %q %v after %s, want 200 wait=30 pending after 30 s", h.status, h.applied, h.task["status"], h.took)
+	}
+
+	// Every status event exactly once on each UI of room alice, none of
+	// them on bob's.
+	want := map[string]int{first + " pending": 1, first + " claimed": 1, first + " running": 1, first + " completed": 1,
+		second + " pending": 1, second + " claimed": 1, second + " running": 1, second + " completed": 1, idle + " pending": 1}
+	for _, ui := range []string{"ui-alice", "ui-alice-own", "ui-bob"} {
+		got := map[string]int{}
+		for _, e := range ag.received(ui) {
+			if e.Event == "task_status_event" {
+				got[e.field("id")+" "+e.field("status")]++
+			}
+		}
+		if ui == "ui-bob" {
+			if len(got) != 0 {
+				t.Errorf("bob's UI received alice's room events: %v", got)
+			}
+			continue
+		}
+		for k, n := range got {
+			if want[k] != n {
+				t.Errorf("%s received %q %d times, want %d", ui, k, n, want[k])
+			}
+		}
+		for k := range want {
+			if got[k] == 0 {
+				t.Errorf("%s never received %q", ui, k)
+			}
+		}
+		for _, e := range ag.received(ui) {
+			if e.Event == "$disconnect" && onNode[ui] != victim {
+				t.Errorf("%s, on the surviving node, was disconnected: %s", ui, e.Reason)
+			}
+		}
+	}
+	t.Logf("killed node %s; whole test %s", victim, time.Since(began).Round(time.Millisecond))
+}
+
+// pyJoinScript: a python-socketio client joins rooms alice and bob and
+// prints the transport and the acks.
+const pyJoinScript = `
+import json, os, socketio
+sio = socketio.Client(reconnection=False)
+sio.connect(os.environ["URL"], auth={"token": os.environ["TOKEN"]}, wait_timeout=10)
+sio.sleep(0.5)  # the upgrade to websocket completes
+acks = {room: sio.call("join_room", {"room_id": room}, timeout=10) for room in ("alice", "bob")}
+print("result", json.dumps({"transport": sio.transport(), **acks}), flush=True)
+sio.disconnect()
+`
+
+const nginxPath = "/usr/sbin/nginx"
+
+// startNginx runs Debian's nginx in the foreground on a free loopback port
+// with the site file site, in which each key of upstreams (the file's
+// placeholder addresses) is replaced by its value and each key of edits by
+// its value; every replaced string must occur. It returns the base URL.
+func startNginx(t *testing.T, site string, upstreams, edits map[string]string) string {
+	t.Helper()
+	raw, err := os.ReadFile(site)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf := string(raw)
+	addr := freeAddr(t)
+	repl := map[string]string{"listen 80;": "listen " + addr + ";"}
+	for k, v := range upstreams {
+		if strings.Contains(conf, "server "+k) {
+			repl["server "+k] = "server " + v
+		}
+	}
+	for k, v := range edits {
+		repl[k] = v
+	}
+	for k, v := range repl {
+		if !strings.Contains(conf, k) {
+			t.Fatalf("%s has no %q to replace", site, k)
+		}
+		conf = strings.ReplaceAll(conf, k, v)
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "site.conf"), []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// One process, no master (nothing to orphan, no user switch), every
+	// path in dir.
+	var main strings.Builder
+	fmt.Fprintf(&main, "daemon off;\nmaster_process off;\npid %s/nginx.pid;\nerror_log stderr warn;\nevents {}\nhttp {\n", dir)
+	for _, tmp := range []string{"client_body", "proxy", "fastcgi", "uwsgi", "scgi"} {
+		fmt.Fprintf(&main, "    %s_temp_path %s/%s;\n", tmp, dir, tmp)
+	}
+	fmt.Fprintf(&main, "    log_format up '$remote_addr \"$request\" $status upstream=$upstream_addr $request_time';\n")
+	fmt.Fprintf(&main, "    access_log %s/access.log up;\n    include %s/site.conf;\n}\n", dir, dir)
+	if err := os.WriteFile(filepath.Join(dir, "nginx.conf"), []byte(main.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(nginxPath, "-p", dir, "-c", filepath.Join(dir, "nginx.conf"), "-e", "stderr")
+	stderr := &syncBuffer{}
+	cmd.Stderr, cmd.Stdout = stderr, stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-done
+		if t.Failed() {
+			log, _ := os.ReadFile(filepath.Join(dir, "access.log"))
+			t.Logf("nginx %s (%s):\n%s%s", filepath.Base(site), addr, stderr, log)
+		}
+	})
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if c, err := net.Dial("tcp", addr); err == nil {
+			c.Close()
+			return "http://" + addr
+		}
+		select {
+		case <-done:
+			t.Fatalf("nginx with %s exited:\n%s", site, stderr)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("nginx with %s did not listen on %s:\n%s", site, addr, stderr)
+		}
+	}
+}
+
+// freeAddr returns a loopback address with a port free a moment ago.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// waitHTTP waits until url answers 200.
+func waitHTTP(t *testing.T, url string) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if res, err := http.Get(url); err == nil {
+			res.Body.Close()
+			if res.StatusCode == 200 {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not answer 200 within 30 s", url)
+		}
+	}
+}
+
+// startPython runs /usr/bin/python3 with args and returns its stderr and
+// its stdout lines.
+func startPython(t *testing.T, name string, env []string, args ...string) (*syncBuffer, <-chan string) {
+	t.Helper()
+	cmd := exec.Command("/usr/bin/python3", args...)
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stderr := &syncBuffer{}
+	cmd.Stderr = stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := make(chan string, 100)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		_, _ = io.Copy(io.Discard, out)
+		close(lines)
+	})
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		wg.Wait()
+		if t.Failed() {
+			t.Logf("%s stderr:\n%s", name, stderr)
+		}
+	})
+	return stderr, lines
+}
+
+// expectPyLine waits for a stdout line starting with prefix and returns the
+// rest.
+func expectPyLine(t *testing.T, stderr *syncBuffer, lines <-chan string, prefix string) string {
+	t.Helper()
+	timeout := time.After(20 * time.Second)
+	for {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatalf("python exited before %q:\n%s", prefix, stderr)
+			}
+			if rest, ok := strings.CutPrefix(l, prefix); ok {
+				return rest
+			}
+		case <-timeout:
+			t.Fatalf("no %q within 20 s:\n%s", prefix, stderr)
+		}
+	}
+}
+
+// nodeRuns maps each node run (as session ids spell it: no dashes) to its
+// node id.
+func nodeRuns(t *testing.T, dbURL string) map[string]string {
+	t.Helper()
+	db, err := models.Open(t.Context(), dbURL, models.OpenOptions{MaxConns: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ns, err := db.Q(t.Context()).ListNodes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, n := range ns {
+		out[strings.ReplaceAll(n.Run, "-", "")] = n.NodeID
+	}
+	return out
+}
+
+// sessionRunOf is the node run named by a socket's Engine.IO session id.
+func sessionRunOf(t *testing.T, ag *agent, sock string) string {
+	t.Helper()
+	res, err := ag.do(map[string]any{"op": "sid", "sock": sock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sid string
+	_ = json.Unmarshal(res, &sid)
+	_, run, ok := strings.Cut(sid, ".")
+	if !ok {
+		t.Fatalf("%s: session id %q names no node", sock, sid)
+	}
+	return run
+}
