@@ -147,17 +147,21 @@ func TestProxyBesideHostApp(t *testing.T) {
 		t.Fatalf("bob joined alice's room: %v", ack)
 	}
 	mustJoin("ui-bob", "bob")
-	// python-socketio (polling, then upgrade) under the same delegation.
-	py := startPython(t, "py-ui", []string{"URL=" + one, "TOKEN=" + bob}, "-c", pyJoinScript)
-	var pyRes struct {
-		Transport  string
-		Alice, Bob map[string]any
+	// python-socketio (polling, then upgrade) under the same delegation:
+	// the example's watcher logs bob in at the host and joins both rooms.
+	py := startPython(t, "watch", nil, "../../examples/host/watch.py", "--host", one, "--user", "bob", "alice", "bob")
+	acks := map[string]map[string]any{}
+	for range 2 {
+		room, raw, _ := strings.Cut(py.expect(t, "joined "), " ")
+		var ack map[string]any
+		_ = json.Unmarshal([]byte(raw), &ack)
+		acks[room] = ack
 	}
-	if err := json.Unmarshal([]byte(py.expect(t, "result ")), &pyRes); err != nil {
-		t.Fatal(err)
+	if acks["alice"]["ok"] != false || acks["alice"]["status"] != float64(403) || acks["bob"]["ok"] != true {
+		t.Fatalf("python-socketio (bob) through the proxy: %v, want alice refused with 403, bob admitted", acks)
 	}
-	if pyRes.Transport != "websocket" || pyRes.Alice["ok"] != false || pyRes.Alice["status"] != float64(403) || pyRes.Bob["ok"] != true {
-		t.Fatalf("python-socketio (bob) through the proxy: %+v, want websocket, alice refused with 403, bob admitted", pyRes)
+	if tr := py.expect(t, "transport "); tr != "websocket" {
+		t.Fatalf("python-socketio through the proxy: transport %s, want websocket", tr)
 	}
 	if st, _, _ := call(t, "POST", api(one)+"/rooms/alice/tasks/alice:modifiers:Scale", bob, map[string]any{"payload": map[string]any{}}); st != 403 {
 		t.Fatalf("bob submitted to alice's room: %d", st)
@@ -313,18 +317,6 @@ func TestProxyBesideHostApp(t *testing.T) {
 	}
 	t.Logf("sessions on nodes %v, killed %s, reconnections %v; whole test %s", onNode, victim, reconnects, time.Since(began).Round(time.Millisecond))
 }
-
-// pyJoinScript: a python-socketio client joins rooms alice and bob and
-// prints the transport and the acks.
-const pyJoinScript = `
-import json, os, socketio
-sio = socketio.Client(reconnection=False)
-sio.connect(os.environ["URL"], auth={"token": os.environ["TOKEN"]}, wait_timeout=10)
-sio.sleep(0.5)  # the upgrade to websocket completes
-acks = {room: sio.call("join_room", {"room_id": room}, timeout=10) for room in ("alice", "bob")}
-print("result", json.dumps({"transport": sio.transport(), **acks}), flush=True)
-sio.disconnect()
-`
 
 const nginxPath = "/usr/sbin/nginx"
 
