@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
@@ -25,7 +26,8 @@ import (
 // nginx, configured with deploy/nginx's files word for word (only listen
 // addresses and upstream servers replaced), in front of two `joblib serve`
 // nodes on one PostgreSQL and of the example host app (examples/host), which
-// issues the JWTs and answers the room-auth callback. Through the proxy:
+// issues the JWTs and answers the room-auth callback; and Debian's Caddy
+// with deploy/caddy's one-origin file beside it. Through the proxies:
 //
 //   - logins at the host give JWTs joblib accepts (shared secret, audience);
 //   - socket.io-client UIs (polling then websocket upgrade, on the host's
@@ -35,8 +37,11 @@ import (
 //   - a Python worker (examples/python/worker.py) registers, claims and
 //     completes; the UIs receive every status event exactly once;
 //   - the node holding a UI's session is SIGKILLed: the UIs and the worker
-//     carry on through the other node (reconnect, rejoin, next task);
-//   - a `Prefer: wait=30` long-poll is held for its 30 s and answered, while
+//     carry on through the other node (reconnect, rejoin, next task); a UI
+//     whose session survived but whose websocket the balancer had routed
+//     through the killed node (joblib forwarded it) recovers its session;
+//   - a `Prefer: wait=30` long-poll is held for its 30 s and answered
+//     (nginx and Caddy), while
 //     the same configuration with its proxy_read_timeout lowered to 2 s cuts
 //     the same long-poll with a 504: the timeouts in the files are the ones
 //     nginx applies to joblib's paths;
@@ -78,9 +83,11 @@ func TestProxyBesideHostApp(t *testing.T) {
 	// paths), layout 1 (joblib's own origin), and layout 2 with its read
 	// timeouts lowered (the control of the long-poll).
 	upstreams := map[string]string{"127.0.0.1:8081": nodes["a"].addr, "127.0.0.1:8082": nodes["b"].addr, "127.0.0.1:8000": hostAddr}
-	one := startNginx(t, "../../deploy/nginx/joblib-one-origin.conf", upstreams, nil)
-	own := startNginx(t, "../../deploy/nginx/joblib-own-origin.conf", upstreams, nil)
-	short := startNginx(t, "../../deploy/nginx/joblib-one-origin.conf", upstreams, map[string]string{"proxy_read_timeout 90s;": "proxy_read_timeout 2s;"})
+	one := startNginx(t, "joblib-one-origin.conf", upstreams, nil)
+	own := startNginx(t, "joblib-own-origin.conf", upstreams, nil)
+	short := startNginx(t, "joblib-one-origin.conf", upstreams, map[string]string{"proxy_read_timeout 90s;": "proxy_read_timeout 2s;"})
+	// Caddy with its layout 2 file: one more UI and the long-poll.
+	cad := startCaddy(t, "joblib-one-origin.Caddyfile", "app.example.com", upstreams)
 
 	// Logins at the host, through the proxy, as fastapi-users' form.
 	login := func(user string) string {
@@ -136,6 +143,8 @@ func TestProxyBesideHostApp(t *testing.T) {
 	}
 	connect("ui-alice", one, alice, nil)
 	mustJoin("ui-alice", "alice")
+	connect("ui-caddy", cad, alice, nil)
+	mustJoin("ui-caddy", "alice")
 	connect("ui-alice-own", own, alice, map[string]any{"transports": []string{"polling"}, "headers": map[string]string{"Origin": "https://app.example.com"}})
 	mustJoin("ui-alice-own", "alice")
 	if _, err := ag.do(map[string]any{"op": "connect", "sock": "ui-evil", "url": own, "token": alice,
@@ -172,12 +181,17 @@ func TestProxyBesideHostApp(t *testing.T) {
 		}
 	}
 
+	aliceUIs := []string{"ui-alice", "ui-alice-own", "ui-caddy"}
+	if tr := ag.transport("ui-caddy"); tr != "websocket" {
+		t.Fatalf("ui-caddy transport %s", tr)
+	}
+
 	// A task through the whole chain.
 	runTask := func() string {
 		t.Helper()
 		id := submit(t, api(one), alice, "alice", "alice:modifiers:Scale")
 		worker.expect(t, "done "+id)
-		for _, ui := range []string{"ui-alice", "ui-alice-own"} {
+		for _, ui := range aliceUIs {
 			ag.waitFor(ui+" completed "+id, 15*time.Second, statusIs(ui, id, "completed"))
 		}
 		return id
@@ -186,9 +200,9 @@ func TestProxyBesideHostApp(t *testing.T) {
 
 	// Kill the node holding ui-alice's session.
 	runs := nodeRuns(t, dbURL)
-	roomOf := map[string]string{"ui-alice": "alice", "ui-alice-own": "alice", "ui-bob": "bob"}
+	roomOf := map[string]string{"ui-alice": "alice", "ui-alice-own": "alice", "ui-caddy": "alice", "ui-bob": "bob"}
 	onNode := map[string]string{}
-	for _, ui := range []string{"ui-alice", "ui-alice-own", "ui-bob"} {
+	for ui := range roomOf {
 		onNode[ui] = runs[sessionRunOf(t, ag, ui)]
 	}
 	victim := onNode["ui-alice"]
@@ -240,7 +254,7 @@ func TestProxyBesideHostApp(t *testing.T) {
 		}()
 		return out
 	}
-	held, cut := longPoll(one), longPoll(short)
+	held, heldCaddy, cut := longPoll(one), longPoll(cad), longPoll(short)
 
 	// Meanwhile the clients carry on through the surviving node.
 	second := runTask()
@@ -249,9 +263,11 @@ func TestProxyBesideHostApp(t *testing.T) {
 	if c.status != 504 || c.took > 10*time.Second {
 		t.Fatalf("through read timeouts of 2 s the long-poll answered %d after %s, want nginx's 504 after about 2 s", c.status, c.took)
 	}
-	h := <-held
-	if h.status != 200 || h.applied != "wait=30" || h.task["status"] != "pending" || h.took < 29*time.Second {
-		t.Fatalf("long-poll through the proxy: %d %q %v after %s, want 200 wait=30 pending after 30 s", h.status, h.applied, h.task["status"], h.took)
+	for name, ch := range map[string]<-chan poll{"nginx": held, "caddy": heldCaddy} {
+		h := <-ch
+		if h.status != 200 || h.applied != "wait=30" || h.task["status"] != "pending" || h.took < 29*time.Second {
+			t.Fatalf("long-poll through %s: %d %q %v after %s, want 200 wait=30 pending after 30 s", name, h.status, h.applied, h.task["status"], h.took)
+		}
 	}
 
 	// The host goes down. joblib fails closed on what it has not asked
@@ -270,7 +286,7 @@ func TestProxyBesideHostApp(t *testing.T) {
 	if st, _, b := call(t, "PATCH", api(one)+"/tasks/"+idle, alice, map[string]any{"status": "cancelled"}); st != 200 {
 		t.Fatalf("cancel with the host down: %d %v", st, b)
 	}
-	for _, ui := range []string{"ui-alice", "ui-alice-own"} {
+	for _, ui := range aliceUIs {
 		ag.waitFor(ui+" cancelled "+idle, 15*time.Second, statusIs(ui, idle, "cancelled"))
 	}
 
@@ -278,7 +294,7 @@ func TestProxyBesideHostApp(t *testing.T) {
 	// them on bob's.
 	want := map[string]int{idle + " cancelled": 1, first + " pending": 1, first + " claimed": 1, first + " running": 1, first + " completed": 1,
 		second + " pending": 1, second + " claimed": 1, second + " running": 1, second + " completed": 1, idle + " pending": 1}
-	for _, ui := range []string{"ui-alice", "ui-alice-own", "ui-bob"} {
+	for _, ui := range append(aliceUIs, "ui-bob") {
 		got := map[string]int{}
 		for _, e := range ag.received(ui) {
 			if e.Event == "task_status_event" {
@@ -320,35 +336,43 @@ func TestProxyBesideHostApp(t *testing.T) {
 
 const nginxPath = "/usr/sbin/nginx"
 
-// startNginx runs Debian's nginx in the foreground on a free loopback port
-// with the site file site, in which each key of upstreams (the file's
-// placeholder addresses) is replaced by its value and each key of edits by
-// its value; every replaced string must occur. It returns the base URL.
-func startNginx(t *testing.T, site string, upstreams, edits map[string]string) string {
+// proxyFile reads a deploy file and makes each replacement of repl (keys
+// are the file's own text: listen and upstream addresses, or a setting
+// under test); every key must occur.
+func proxyFile(t *testing.T, path string, repl map[string]string) string {
 	t.Helper()
-	raw, err := os.ReadFile(site)
+	raw, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	conf := string(raw)
-	addr := freeAddr(t)
-	repl := map[string]string{"listen 80;": "listen " + addr + ";"}
-	for k, v := range upstreams {
-		if strings.Contains(conf, "server "+k) {
-			repl["server "+k] = "server " + v
-		}
-	}
-	for k, v := range edits {
-		repl[k] = v
-	}
 	for k, v := range repl {
 		if !strings.Contains(conf, k) {
-			t.Fatalf("%s has no %q to replace", site, k)
+			t.Fatalf("%s has no %q to replace", path, k)
 		}
 		conf = strings.ReplaceAll(conf, k, v)
 	}
+	return conf
+}
+
+// startNginx runs Debian's nginx in the foreground on a free loopback port
+// with deploy/nginx/FILE, its placeholder addresses replaced by upstreams
+// (those it has) and edits made. It returns the base URL.
+func startNginx(t *testing.T, file string, upstreams, edits map[string]string) string {
+	t.Helper()
+	path := "../../deploy/nginx/" + file
+	raw, _ := os.ReadFile(path)
+	addr := freeAddr(t)
+	repl := map[string]string{"listen 80;": "listen " + addr + ";"}
+	for k, v := range upstreams {
+		if strings.Contains(string(raw), "server "+k) {
+			repl["server "+k] = "server " + v
+		}
+	}
+	maps.Copy(repl, edits)
 	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "site.conf"), []byte(conf), 0o644); err != nil {
+	site := filepath.Join(dir, "site.conf")
+	if err := os.WriteFile(site, []byte(proxyFile(t, path, repl)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	// One process, no master (nothing to orphan, no user switch), every
@@ -359,15 +383,41 @@ func startNginx(t *testing.T, site string, upstreams, edits map[string]string) s
 		fmt.Fprintf(&main, "    %s_temp_path %s/%s;\n", tmp, dir, tmp)
 	}
 	fmt.Fprintf(&main, "    log_format up '$remote_addr \"$request\" $status upstream=$upstream_addr $request_time';\n")
-	fmt.Fprintf(&main, "    access_log %s/access.log up;\n    include %s/site.conf;\n}\n", dir, dir)
+	fmt.Fprintf(&main, "    access_log %s/access.log up;\n    include %s;\n}\n", dir, site)
 	if err := os.WriteFile(filepath.Join(dir, "nginx.conf"), []byte(main.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(nginxPath, "-p", dir, "-c", filepath.Join(dir, "nginx.conf"), "-e", "stderr")
-	stderr := &syncBuffer{}
-	cmd.Stderr, cmd.Stdout = stderr, stderr
-	if err := cmd.Start(); err != nil {
+	return runProxy(t, "nginx "+file, cmd, addr, filepath.Join(dir, "access.log"))
+}
+
+// startCaddy runs Debian's caddy with deploy/caddy/FILE, its site served
+// over plain HTTP on a free loopback port and its placeholder addresses
+// replaced by upstreams. It returns the base URL.
+func startCaddy(t *testing.T, file, site string, upstreams map[string]string) string {
+	t.Helper()
+	addr := freeAddr(t)
+	repl := map[string]string{site + " {": "http://" + addr + " {"}
+	maps.Copy(repl, upstreams)
+	dir := t.TempDir()
+	// No admin endpoint: several instances (other tests, other runs) at once.
+	conf := "{\n\tadmin off\n}\n" + proxyFile(t, "../../deploy/caddy/"+file, repl)
+	if err := os.WriteFile(filepath.Join(dir, "Caddyfile"), []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
+	}
+	cmd := exec.Command("/usr/bin/caddy", "run", "--config", filepath.Join(dir, "Caddyfile"), "--adapter", "caddyfile")
+	cmd.Env = append(os.Environ(), "HOME="+dir, "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
+	return runProxy(t, "caddy "+file, cmd, addr, "")
+}
+
+// runProxy starts a proxy and waits until it listens on addr; when the test
+// failed, its output and accessLog (if any) are logged.
+func runProxy(t *testing.T, name string, cmd *exec.Cmd, addr, accessLog string) string {
+	t.Helper()
+	out := &syncBuffer{}
+	cmd.Stderr, cmd.Stdout = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("%s: %v", name, err)
 	}
 	done := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(done) }()
@@ -375,8 +425,11 @@ func startNginx(t *testing.T, site string, upstreams, edits map[string]string) s
 		_ = cmd.Process.Kill()
 		<-done
 		if t.Failed() {
-			log, _ := os.ReadFile(filepath.Join(dir, "access.log"))
-			t.Logf("nginx %s (%s):\n%s%s", filepath.Base(site), addr, stderr, log)
+			var log []byte
+			if accessLog != "" {
+				log, _ = os.ReadFile(accessLog)
+			}
+			t.Logf("%s (%s):\n%s%s", name, addr, out, log)
 		}
 	})
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
@@ -386,11 +439,11 @@ func startNginx(t *testing.T, site string, upstreams, edits map[string]string) s
 		}
 		select {
 		case <-done:
-			t.Fatalf("nginx with %s exited:\n%s", site, stderr)
+			t.Fatalf("%s exited:\n%s", name, out)
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("nginx with %s did not listen on %s:\n%s", site, addr, stderr)
+			t.Fatalf("%s did not listen on %s:\n%s", name, addr, out)
 		}
 	}
 }
