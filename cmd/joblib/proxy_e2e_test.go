@@ -41,10 +41,9 @@ import (
 //     whose session survived but whose websocket the balancer had routed
 //     through the killed node (joblib forwarded it) recovers its session;
 //   - a `Prefer: wait=30` long-poll is held for its 30 s and answered
-//     (nginx and Caddy), while
-//     the same configuration with its proxy_read_timeout lowered to 2 s cuts
-//     the same long-poll with a 504: the timeouts in the files are the ones
-//     nginx applies to joblib's paths;
+//     (nginx and Caddy), while the same nginx file with its
+//     proxy_read_timeout lowered to 2 s cuts the same long-poll with a 504:
+//     the timeouts in the files are the ones nginx applies to joblib's paths;
 //   - the host goes down: joins and room calls joblib has no answer for
 //     fail closed (503), while rooms already joined keep receiving.
 //
