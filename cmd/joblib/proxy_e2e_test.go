@@ -27,7 +27,7 @@ import (
 // addresses and upstream servers replaced), in front of two `joblib serve`
 // nodes on one PostgreSQL and of the example host app (examples/host), which
 // issues the JWTs and answers the room-auth callback; and Debian's Caddy
-// with deploy/caddy's one-origin file beside it. Through the proxies:
+// with deploy/caddy's two files beside it. Through the proxies:
 //
 //   - logins at the host give JWTs joblib accepts (shared secret, audience);
 //   - socket.io-client UIs (polling then websocket upgrade, on the host's
@@ -85,8 +85,9 @@ func TestProxyBesideHostApp(t *testing.T) {
 	one := startNginx(t, "joblib-one-origin.conf", upstreams, nil)
 	own := startNginx(t, "joblib-own-origin.conf", upstreams, nil)
 	short := startNginx(t, "joblib-one-origin.conf", upstreams, map[string]string{"proxy_read_timeout 90s;": "proxy_read_timeout 2s;"})
-	// Caddy with its layout 2 file: one more UI and the long-poll.
+	// Caddy with both files: more UIs, and the long-poll.
 	cad := startCaddy(t, "joblib-one-origin.Caddyfile", "app.example.com", upstreams)
+	cadOwn := startCaddy(t, "joblib-own-origin.Caddyfile", "joblib.example.com", upstreams)
 
 	// Logins at the host, through the proxy, as fastapi-users' form.
 	login := func(user string) string {
@@ -144,6 +145,8 @@ func TestProxyBesideHostApp(t *testing.T) {
 	mustJoin("ui-alice", "alice")
 	connect("ui-caddy", cad, alice, nil)
 	mustJoin("ui-caddy", "alice")
+	connect("ui-caddy-own", cadOwn, alice, map[string]any{"transports": []string{"polling"}, "headers": map[string]string{"Origin": "https://app.example.com"}})
+	mustJoin("ui-caddy-own", "alice")
 	connect("ui-alice-own", own, alice, map[string]any{"transports": []string{"polling"}, "headers": map[string]string{"Origin": "https://app.example.com"}})
 	mustJoin("ui-alice-own", "alice")
 	if _, err := ag.do(map[string]any{"op": "connect", "sock": "ui-evil", "url": own, "token": alice,
@@ -180,7 +183,7 @@ func TestProxyBesideHostApp(t *testing.T) {
 		}
 	}
 
-	aliceUIs := []string{"ui-alice", "ui-alice-own", "ui-caddy"}
+	aliceUIs := []string{"ui-alice", "ui-alice-own", "ui-caddy", "ui-caddy-own"}
 	if tr := ag.transport("ui-caddy"); tr != "websocket" {
 		t.Fatalf("ui-caddy transport %s", tr)
 	}
@@ -199,7 +202,7 @@ func TestProxyBesideHostApp(t *testing.T) {
 
 	// Kill the node holding ui-alice's session.
 	runs := nodeRuns(t, dbURL)
-	roomOf := map[string]string{"ui-alice": "alice", "ui-alice-own": "alice", "ui-caddy": "alice", "ui-bob": "bob"}
+	roomOf := map[string]string{"ui-alice": "alice", "ui-alice-own": "alice", "ui-caddy": "alice", "ui-caddy-own": "alice", "ui-bob": "bob"}
 	onNode := map[string]string{}
 	for ui := range roomOf {
 		onNode[ui] = runs[sessionRunOf(t, ag, ui)]
@@ -396,11 +399,17 @@ func startNginx(t *testing.T, file string, upstreams, edits map[string]string) s
 func startCaddy(t *testing.T, file, site string, upstreams map[string]string) string {
 	t.Helper()
 	addr := freeAddr(t)
+	path := "../../deploy/caddy/" + file
+	raw, _ := os.ReadFile(path)
 	repl := map[string]string{site + " {": "http://" + addr + " {"}
-	maps.Copy(repl, upstreams)
+	for k, v := range upstreams {
+		if strings.Contains(string(raw), k) {
+			repl[k] = v
+		}
+	}
 	dir := t.TempDir()
 	// No admin endpoint: several instances (other tests, other runs) at once.
-	conf := "{\n\tadmin off\n}\n" + proxyFile(t, "../../deploy/caddy/"+file, repl)
+	conf := "{\n\tadmin off\n}\n" + proxyFile(t, path, repl)
 	if err := os.WriteFile(filepath.Join(dir, "Caddyfile"), []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}
