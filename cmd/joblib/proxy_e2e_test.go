@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -44,6 +45,9 @@ import (
 //     (nginx and Caddy), while the same nginx file with its
 //     proxy_read_timeout lowered to 2 s cuts the same long-poll with a 504:
 //     the timeouts in the files are the ones nginx applies to joblib's paths;
+//   - the per-address session budget counts the clients' addresses, which
+//     nginx passes in X-Forwarded-For (JOBLIB_TRUSTED_PROXIES), and layout
+//     1 answers the host origin's CORS preflights;
 //   - the host goes down: joins and room calls joblib has no answer for
 //     fail closed (503), while rooms already joined keep receiving.
 //
@@ -68,10 +72,13 @@ func TestProxyBesideHostApp(t *testing.T) {
 
 	// Two joblib nodes sharing the host's JWT secret and asking it about rooms.
 	token := "jl_proxy_" + uuid.NewString()
+	const perAddr = 20 // Engine.IO sessions per client address
 	env := func(name string) []string {
 		return []string{"JOBLIB_DATABASE_URL=" + dbURL, "JOBLIB_ADMIN_TOKEN=" + token, "JOBLIB_NODE_ID=" + name,
 			"JOBLIB_JWT_SECRET=" + secret, "JOBLIB_ROOM_AUTH_URL=http://" + hostAddr + "/joblib/room-auth",
-			"JOBLIB_ALLOWED_ORIGINS=app.example.com", "JOBLIB_NODE_LEASE_TIMEOUT=2s", "JOBLIB_SWEEPER_INTERVAL=1s"}
+			"JOBLIB_ALLOWED_ORIGINS=app.example.com", "JOBLIB_TRUSTED_PROXIES=127.0.0.1",
+			"JOBLIB_SOCKET_MAX_SESSIONS_PER_ADDR=" + strconv.Itoa(perAddr),
+			"JOBLIB_NODE_LEASE_TIMEOUT=2s", "JOBLIB_SWEEPER_INTERVAL=1s"}
 	}
 	nodes := map[string]*proc{"a": launchServe(t, env("a")...), "b": launchServe(t, env("b")...)}
 	for _, p := range nodes {
@@ -184,6 +191,32 @@ func TestProxyBesideHostApp(t *testing.T) {
 	}
 
 	aliceUIs := []string{"ui-alice", "ui-alice-own", "ui-caddy", "ui-caddy-own"}
+
+	// Layout 1's REST calls from the host's page: CORS through nginx.
+	preflight := func(origin string) (int, http.Header) {
+		t.Helper()
+		req, _ := http.NewRequest("OPTIONS", api(own)+"/rooms/alice/jobs", nil)
+		req.Header.Set("Origin", origin)
+		req.Header.Set("Access-Control-Request-Method", "GET")
+		req.Header.Set("Access-Control-Request-Headers", "authorization")
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		return res.StatusCode, res.Header
+	}
+	if st, h := preflight("https://app.example.com"); st != 204 || h.Get("Access-Control-Allow-Origin") != "https://app.example.com" ||
+		!strings.Contains(strings.ToLower(h.Get("Access-Control-Allow-Headers")), "authorization") {
+		t.Fatalf("preflight from the host's origin through layout 1: %d %v", st, h)
+	}
+	if st, h := preflight("https://evil.example"); st != 403 || h.Get("Access-Control-Allow-Origin") != "" {
+		t.Fatalf("preflight from another origin through layout 1: %d %v", st, h)
+	}
+	if st, h, _ := call(t, "GET", api(own)+"/rooms/alice/jobs", alice, nil, "Origin: https://app.example.com"); st != 200 ||
+		h.Get("Access-Control-Allow-Origin") != "https://app.example.com" {
+		t.Fatalf("cross-origin GET through layout 1: %d %v", st, h)
+	}
 	if tr := ag.transport("ui-caddy"); tr != "websocket" {
 		t.Fatalf("ui-caddy transport %s", tr)
 	}
@@ -233,6 +266,34 @@ func TestProxyBesideHostApp(t *testing.T) {
 		if run := runs[sessionRunOf(t, ag, ui)]; run != survivor {
 			t.Fatalf("%s reconnected to node %q, want %q", ui, run, survivor)
 		}
+	}
+
+	// The per-address session budget counts the clients' own addresses
+	// (X-Forwarded-For from nginx, believed from JOBLIB_TRUSTED_PROXIES), not
+	// nginx's: with one node left, client 127.0.0.2 opens its budget of
+	// sessions and is refused one more, while 127.0.0.3 and the test's other
+	// clients (127.0.0.1, several sessions) still get in.
+	handshake := func(from string) int {
+		t.Helper()
+		tr := &http.Transport{DialContext: (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}).DialContext}
+		defer tr.CloseIdleConnections()
+		res, err := (&http.Client{Transport: tr}).Get(one + "/socket.io/?EIO=4&transport=polling")
+		if err != nil {
+			t.Fatalf("handshake from %s: %v", from, err)
+		}
+		res.Body.Close()
+		return res.StatusCode
+	}
+	for i := range perAddr {
+		if st := handshake("127.0.0.2"); st != 200 {
+			t.Fatalf("handshake %d of %d from 127.0.0.2: %d (is every client counted as nginx's address?)", i+1, perAddr, st)
+		}
+	}
+	if st := handshake("127.0.0.2"); st != 429 {
+		t.Fatalf("handshake past the budget from 127.0.0.2: %d, want 429", st)
+	}
+	if st := handshake("127.0.0.3"); st != 200 {
+		t.Fatalf("handshake from 127.0.0.3 after 127.0.0.2 spent its budget: %d", st)
 	}
 
 	// The long-poll, on a task nobody will take, through the configuration
