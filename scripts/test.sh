@@ -78,15 +78,25 @@ ensure_deploy_tools() {
   local want=()
   command -v promtool >/dev/null 2>&1 || want+=(prometheus)
   [ -x /usr/sbin/nginx ] || want+=(nginx)
-  command -v caddy >/dev/null 2>&1 || want+=(caddy)
+  [ -x /usr/bin/caddy ] || want+=(caddy)
   /usr/bin/python3 -c 'import fastapi, uvicorn, jwt' >/dev/null 2>&1 || want+=(python3-fastapi python3-uvicorn python3-jwt)
   command -v systemd-analyze >/dev/null 2>&1 || want+=(systemd)
   /usr/bin/python3 -c 'import yaml' >/dev/null 2>&1 || want+=(python3-yaml)
   if [ "${#want[@]}" -gt 0 ]; then
     log "installing ${want[*]}"
+    # The tests run nginx and caddy as their own child processes. Their
+    # Debian services both want port 80: on a machine with an init system the
+    # second would fail to start and fail its package's install. A
+    # policy-rc.d that refuses service starts (unless one exists) prevents it.
+    local policy=/usr/sbin/policy-rc.d made_policy=0 rc=0
+    if [ ! -e "$policy" ]; then
+      printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy" && made_policy=1
+    fi
     apt_updated=1 # the package lists may be old but suffice for these
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${want[@]}" >/dev/null ||
-      { apt_updated=0; apt_install --no-install-recommends "${want[@]}"; }
+      { apt_updated=0; apt_install --no-install-recommends "${want[@]}"; } || rc=$?
+    [ "$made_policy" = 0 ] || rm -f "$policy"
+    return "$rc"
   fi
 }
 
