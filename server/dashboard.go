@@ -310,7 +310,7 @@ const errDashboardForbidden = "The dashboard shows every user's workers and task
 // --- REST: the snapshot and the operator actions (superusers only)
 
 func (s *Server) routesDashboard(write func(http.HandlerFunc) http.HandlerFunc) {
-	m := s.mux
+	m := s.routeMux()
 	m.HandleFunc("GET "+prefix+"/dashboard", s.dbBudget(s.cfg.ReadDBTimeout, s.dashboardSnapshot))
 	m.HandleFunc("POST "+prefix+"/dashboard/tasks/{id}/retry", write(s.dashboardAction(actionRetry)))
 	m.HandleFunc("POST "+prefix+"/dashboard/tasks/{id}/cancel", write(s.dashboardAction(actionCancel)))

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"runtime/debug"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -122,6 +123,9 @@ type Server struct {
 	mux        *http.ServeMux
 	rejections *limits.Rejections
 
+	routesMu sync.Mutex
+	patterns []string // every pattern registered on mux (see routeMux)
+
 	// Set by NewRealtime: the dashboard's trigger and snapshot.
 	dashPoke     atomic.Pointer[func()]
 	dashSnapshot atomic.Pointer[func(context.Context) (*DashboardView, error)]
@@ -172,7 +176,7 @@ func New(svc *joblib.Service, cfg Config, log *slog.Logger) *Server {
 func (s *Server) Rejections() *limits.Rejections { return s.rejections }
 
 // Handle mounts an extra handler (Socket.IO, metrics) on the server's mux.
-func (s *Server) Handle(pattern string, h http.Handler) { s.mux.Handle(pattern, h) }
+func (s *Server) Handle(pattern string, h http.Handler) { s.routeMux().Handle(pattern, h) }
 
 // Handler is the root handler: it resolves the client address (see
 // clientaddr.Of), answers CORS for the REST API, recovers panics and turns

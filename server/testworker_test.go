@@ -22,7 +22,11 @@ func TestMain(m *testing.M) {
 	if os.Getenv("JOBLIB_TESTWORKER_URL") != "" {
 		os.Exit(testWorkerMain())
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	if n := apiClient.Transport.(*contractTransport).validated.Load(); n > 0 {
+		fmt.Printf("openapi: %d answers validated against server/openapi.json\n", n)
+	}
+	os.Exit(code)
 }
 
 // testWorkerMain registers a worker and a job, claims one task (unless
