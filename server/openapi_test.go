@@ -75,7 +75,7 @@ func newContractValidator() (validator.Validator, error) {
 
 func (c *contractTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	res, err := c.base.RoundTrip(req)
-	if err != nil || notREST.MatchString(req.URL.Path) {
+	if err != nil || notREST.MatchString(req.URL.Path) || isPreflight(req) {
 		return res, err
 	}
 	body, err := io.ReadAll(res.Body)
@@ -89,6 +89,13 @@ func (c *contractTransport) RoundTrip(req *http.Request) (*http.Response, error)
 	}
 	c.validated.Add(1)
 	return res, nil
+}
+
+// isPreflight: a CORS preflight is the browser's question about an
+// endpoint (answered by the CORS layer for every path, see cors_test.go),
+// not a call of one.
+func isPreflight(req *http.Request) bool {
+	return req.Method == http.MethodOptions && req.Header.Get("Access-Control-Request-Method") != ""
 }
 
 // check validates one answer. A path or method the document does not have
@@ -134,7 +141,8 @@ func withNameEscaped(req *http.Request) *http.Request {
 
 func unknownRoute(verrs []*liberrors.ValidationError) bool {
 	return len(verrs) > 0 && slices.ContainsFunc(verrs, func(e *liberrors.ValidationError) bool {
-		return e.ValidationType == helpers.PathValidation && e.ValidationSubType == helpers.ValidationMissing
+		return e.ValidationType == helpers.PathValidation &&
+			(e.ValidationSubType == helpers.ValidationMissing || e.ValidationSubType == helpers.ValidationMissingOperation)
 	})
 }
 
