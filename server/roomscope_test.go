@@ -96,6 +96,9 @@ func TestRoomDelegationJobOwnRoom(t *testing.T) {
 				t.Fatalf("submit through %s: %v", room, m["detail"])
 			}
 		}
+		// The name is judged as the domain resolves it: escaped or not.
+		e.do(e.alice, "GET", api+"/rooms/alice/jobs/bob%3Amodifiers%3ASecret", nil).problem(403, "forbidden")
+		e.do(e.alice, "GET", api+"/rooms/@global/providers/%62ob:frames:data/info", nil).problem(403, "forbidden")
 		if host.countBy(e.alice, "bob", "write") == 0 || host.countBy(e.alice, "bob", "read") == 0 {
 			t.Fatalf("the host was not asked about the job's room: %+v", host.questions())
 		}
