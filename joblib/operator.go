@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/zndraw/joblib/events"
+	"github.com/zndraw/joblib/internal/clientaddr"
 	"github.com/zndraw/joblib/models"
 )
 
@@ -31,8 +32,15 @@ const (
 	AuditProviderDelete = "provider_delete_override"
 )
 
-// audit writes one audit_log row with a JSON detail.
+// audit writes one audit_log row with a JSON detail; an action a request
+// made also records the client's address (detail.client_addr).
 func audit(q *models.Q, action string, subject *uuid.UUID, actor string, detail map[string]any) error {
+	if a := clientaddr.FromContext(q.Context()); a != "" {
+		if detail == nil {
+			detail = map[string]any{}
+		}
+		detail["client_addr"] = a
+	}
 	b, err := json.Marshal(detail)
 	if err != nil {
 		return fmt.Errorf("encode %s audit: %w", action, err)

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/zndraw/joblib/internal/clientaddr"
 	"github.com/zndraw/joblib/internal/limits"
 	"github.com/zndraw/joblib/joblib"
 	"github.com/zndraw/joblib/models"
@@ -69,7 +70,8 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 			// A budget rejection is the client's doing: at most a warning,
 			// never with the payload.
 			s.log.LogAttrs(r.Context(), slog.LevelDebug, "request past a budget",
-				slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.String("limit", e.Limit))
+				slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.String("limit", e.Limit),
+				slog.String("remote", clientaddr.Of(r)))
 		}
 		if e.RetryAfter > 0 {
 			w.Header().Set("Retry-After", strconv.Itoa(int(max(1, (e.RetryAfter+time.Second-1)/time.Second))))
@@ -107,7 +109,7 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 		return
 	}
 	s.log.LogAttrs(r.Context(), slog.LevelError, "request failed",
-		slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Any("err", err))
+		slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.String("remote", clientaddr.Of(r)), slog.Any("err", err))
 	writeProblem(w, Problem{Type: "/v1/problems/internal-error", Title: http.StatusText(500), Status: 500, Detail: "internal error"})
 }
 

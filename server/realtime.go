@@ -36,7 +36,8 @@ type RealtimeConfig struct {
 	KeepAliveInterval time.Duration `env:"SOCKET_KEEPALIVE_INTERVAL" envDefault:"0s"`
 	// AllowedOrigins are the browser origins (host patterns such as
 	// "app.example.com" or "*.example.com") allowed to connect; requests
-	// without an Origin header (workers) are always allowed.
+	// without an Origin header (workers) are always allowed. Empty: the
+	// server's Config.AllowedOrigins (the same variable).
 	AllowedOrigins []string `env:"ALLOWED_ORIGINS"`
 	// MaxMessageBytes caps one Socket.IO message or polling body.
 	MaxMessageBytes int64 `env:"SOCKET_MAX_MESSAGE_BYTES" envDefault:"1000000"`
@@ -138,6 +139,9 @@ func (s *Server) NewRealtime(cfg RealtimeConfig, log *slog.Logger) *Realtime {
 	}
 	if cfg.KeepAliveInterval <= 0 {
 		cfg.KeepAliveInterval = min(10*time.Second, s.svc.Settings().WorkerTimeout/3)
+	}
+	if len(cfg.AllowedOrigins) == 0 {
+		cfg.AllowedOrigins = s.cfg.AllowedOrigins
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	rt := &Realtime{

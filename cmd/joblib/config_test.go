@@ -129,6 +129,7 @@ func TestConfigInvalidValuesNameTheVariable(t *testing.T) {
 		"JOBLIB_TASK_RETENTION_COMPLETED":    "-1h",
 		"JOBLIB_TASK_RETENTION_FAILED":       "a week",
 		"JOBLIB_TASK_RETENTION_BATCH":        "0",
+		"JOBLIB_TRUSTED_PROXIES":             "10.0.0.0/8,10.1.0.0/33",
 	}
 	for name, value := range cases {
 		_, err := loadConfig(map[string]string{name: value})
@@ -178,6 +179,7 @@ func TestConfigCredentials(t *testing.T) {
 		"JOBLIB_JWT_AUDIENCE": "aud", "JOBLIB_JWT_ISSUER": "iss", "JOBLIB_JWT_ALGORITHM": "HS512", "JOBLIB_JWT_SUPERUSER_CLAIM": "is_superuser",
 		"JOBLIB_ALLOWED_ORIGINS": "app.example.com,*.example.org", "JOBLIB_ROOM_AUTH_URL": "http://host/rooms", "JOBLIB_ROOM_AUTH_FAIL_OPEN": "true",
 		"JOBLIB_ROOM_AUTH_CACHE_TTL": "1s", "JOBLIB_USER_MAX_WORKERS": "0", "JOBLIB_CREDENTIAL_CACHE_TTL": "0s",
+		"JOBLIB_TRUSTED_PROXIES": "10.0.0.0/8, fd00::/8",
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -185,7 +187,8 @@ func TestConfigCredentials(t *testing.T) {
 	s = cfg.Server
 	if s.JWTAudience != "aud" || s.JWTIssuer != "iss" || s.JWTAlgorithm != "HS512" || s.JWTSuperuserClaim != "is_superuser" ||
 		!reflect.DeepEqual(s.AllowedOrigins, []string{"app.example.com", "*.example.org"}) || s.RoomAuth.URL != "http://host/rooms" ||
-		!s.RoomAuth.FailOpen || s.RoomAuth.CacheTTL != time.Second || cfg.Settings.UserMaxWorkers != 0 || s.CredentialCacheTTL != 0 {
+		!s.RoomAuth.FailOpen || s.RoomAuth.CacheTTL != time.Second || cfg.Settings.UserMaxWorkers != 0 || s.CredentialCacheTTL != 0 ||
+		len(s.TrustedProxies) != 2 {
 		t.Fatalf("parsed %+v", s)
 	}
 	for name, val := range map[string]string{
