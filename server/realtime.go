@@ -588,14 +588,7 @@ func joinErrAck(err error) ack {
 // socket's caller may read the room of a job or provider it joins as a
 // worker.
 func (rt *Realtime) roomAccess(ctx context.Context, st *connState, fullName string) error {
-	if rt.rooms == nil {
-		return nil
-	}
-	room, _, _, ok := joblib.SplitFullName(fullName)
-	if !ok || joblib.ValidateRoomID(room) != nil {
-		return nil // not found by the existence check that follows
-	}
-	return rt.rooms.check(ctx, st.p, st.token, room, accessRead)
+	return rt.rooms.checkObject(ctx, st.p, st.token, fullName, accessRead)
 }
 
 func errAck(err error) ack {

@@ -102,6 +102,11 @@ func (c Config) Validate() error {
 	if c.JWTSecret != "" && c.AdminToken != "" && looksLikeJWT(c.AdminToken) {
 		return errors.New("JOBLIB_ADMIN_TOKEN has the shape of a JWT (three dot-separated base64url parts) and JOBLIB_JWT_SECRET is set: it would be verified as a JWT and never match; choose an admin token without that shape (e.g. jl_...)")
 	}
+	if c.AdminToken != "" {
+		if err := checkAdminToken(c.AdminToken); err != nil {
+			return err
+		}
+	}
 	if _, err := clientaddr.ParseProxies(c.TrustedProxies); err != nil {
 		return fmt.Errorf("JOBLIB_TRUSTED_PROXIES: %w", err)
 	}

@@ -45,7 +45,7 @@ import (
 	"github.com/zndraw/joblib/models"
 )
 
-const adminToken = "abuse-admin-token"
+const adminToken = "jl_abuse_6471866c07f8182ec331d5c31eb69a4781aab76a" // long enough for serve's admin token check
 
 type options struct {
 	serveBin string

@@ -302,7 +302,7 @@ func (h *harness) startServer(ctx context.Context) error {
 		return err
 	}
 	if h.token == "" {
-		b := make([]byte, 12)
+		b := make([]byte, 16) // serve refuses admin tokens under 32 characters
 		_, _ = crand.Read(b)
 		h.token = "jl_soak" + hex.EncodeToString(b)
 	}

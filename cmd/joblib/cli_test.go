@@ -410,7 +410,7 @@ func TestServeBusyPortKeepsTheAdminToken(t *testing.T) {
 // four and runs; switched off again, the job row is retired.
 func TestBuiltinJobsOptIn(t *testing.T) {
 	t.Parallel()
-	const token = "builtin-admin-token"
+	const token = testAdminToken
 	dir := t.TempDir()
 	env := []string{"JOBLIB_DATABASE_URL=" + filepath.Join(dir, "j.db"), "JOBLIB_ADMIN_TOKEN=" + token}
 	count := func(p *proc) int {

@@ -190,7 +190,7 @@ func TestServeStartupRecoveryAfterSIGKILL(t *testing.T) {
 				t.Helper()
 				cmd := exec.Command(bin, "serve")
 				cmd.Env = append(os.Environ(), "JOBLIB_DATABASE_URL="+url, "JOBLIB_NODE_ID=node-a", "JOBLIB_LISTEN_ADDR=127.0.0.1:0",
-					"JOBLIB_LOG_FORMAT=json", "JOBLIB_ADMIN_TOKEN=jl_test", "JOBLIB_DISCONNECT_GRACE=1s")
+					"JOBLIB_LOG_FORMAT=json", "JOBLIB_ADMIN_TOKEN="+testAdminToken, "JOBLIB_DISCONNECT_GRACE=1s")
 				stderr, err := cmd.StderrPipe()
 				if err != nil {
 					t.Fatal(err)
