@@ -179,17 +179,17 @@ func TestEmitsAcksAndAttachments(t *testing.T) {
 	evs := newEvents()
 	c := dial(t, url, sioclient.Options{OnEvent: evs.on})
 
-	blob := []byte{0xde, 0xad, 0, 0xbe, 0xef}
-	a, err := c.Call(ctx(t), "echo", map[string]any{"n": 1}, blob)
+	blob, blob2 := []byte{0xde, 0xad, 0, 0xbe, 0xef}, []byte("second")
+	a, err := c.Call(ctx(t), "echo", map[string]any{"n": 1}, blob, blob2)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var m map[string]int
-	var b []byte
-	if err := a.Decode(&m, &b); err != nil || m["n"] != 1 || !bytes.Equal(b, blob) {
-		t.Fatalf("ack %s: %v %v %x", a.Args, err, m, b)
+	var b, b2 []byte
+	if err := a.Decode(&m, &b, &b2); err != nil || m["n"] != 1 || !bytes.Equal(b, blob) || !bytes.Equal(b2, blob2) {
+		t.Fatalf("ack %s: %v %v %x %x", a.Args, err, m, b, b2)
 	}
-	if len(a.Attachments) != 1 || !bytes.Equal(a.Attachments[0], blob) {
+	if len(a.Attachments) != 2 || !bytes.Equal(a.Attachments[0], blob) || !bytes.Equal(a.Attachments[1], blob2) {
 		t.Fatalf("ack attachments %x", a.Attachments)
 	}
 
