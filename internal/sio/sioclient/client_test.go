@@ -150,12 +150,12 @@ func (e *events) next(t *testing.T) sioclient.Event {
 
 // The handshake: session id and heartbeat from the open packet, the socket
 // id from the CONNECT answer; the client answers pings, so a session with a
-// 50 ms ping timeout outlives many pings.
+// 400 ms ping timeout outlives three times that in pings.
 func TestHandshakeAndPings(t *testing.T) {
 	t.Parallel()
-	h, url := start(t, sio.Config{PingInterval: 20 * time.Millisecond, PingTimeout: 50 * time.Millisecond})
+	h, url := start(t, sio.Config{PingInterval: 25 * time.Millisecond, PingTimeout: 400 * time.Millisecond})
 	c := dial(t, url, sioclient.Options{})
-	if c.SID() == "" || c.PingInterval() != 20*time.Millisecond || c.PingTimeout() != 50*time.Millisecond {
+	if c.SID() == "" || c.PingInterval() != 25*time.Millisecond || c.PingTimeout() != 400*time.Millisecond {
 		t.Fatalf("sid %q, ping interval %v, timeout %v", c.SID(), c.PingInterval(), c.PingTimeout())
 	}
 	h.mu.Lock()
@@ -164,7 +164,7 @@ func TestHandshakeAndPings(t *testing.T) {
 	if len(ids) != 1 || ids[0] != c.ID() || c.ID() == c.SID() {
 		t.Fatalf("socket id %q, server saw %v (session %q)", c.ID(), ids, c.SID())
 	}
-	time.Sleep(400 * time.Millisecond) // ~20 pings, each missed one fatal after 50 ms
+	time.Sleep(1300 * time.Millisecond) // ~50 pings; one unanswered is fatal after 425 ms
 	if _, err := c.Call(ctx(t), "echo", 1); err != nil {
 		t.Fatalf("after the pings: %v (%v)", err, c.Err())
 	}
@@ -306,7 +306,7 @@ func TestClose(t *testing.T) {
 // Upgrade opens with long-polling, joins there and moves to websocket.
 func TestUpgrade(t *testing.T) {
 	t.Parallel()
-	_, url := start(t, sio.Config{PingInterval: 20 * time.Millisecond, PingTimeout: 200 * time.Millisecond})
+	_, url := start(t, sio.Config{PingInterval: 25 * time.Millisecond, PingTimeout: 400 * time.Millisecond})
 	evs := newEvents()
 	c := dial(t, url, sioclient.Options{Upgrade: true, OnEvent: evs.on})
 	if c.Conn() == nil {
