@@ -136,9 +136,8 @@ func (s *Server) NewRealtime(cfg RealtimeConfig, log *slog.Logger) *Realtime {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	if cfg.KeepAliveInterval <= 0 {
-		cfg.KeepAliveInterval = min(10*time.Second, s.svc.Settings().WorkerTimeout/3)
-	}
+	cfg.KeepAliveInterval = KeepAliveInterval(cfg, s.svc.Settings().WorkerTimeout)
+	s.keepAlive.Store(int64(cfg.KeepAliveInterval))
 	ctx, cancel := context.WithCancel(context.Background())
 	rt := &Realtime{
 		svc: s.svc, auth: s.auth, rooms: s.rooms, publicReads: s.cfg.PublicReads, cfg: cfg, log: log,
@@ -199,6 +198,7 @@ func (rt *Realtime) IO() *sio.Server { return rt.io }
 // Start subscribes to the bus and starts the keep-alive loop.
 func (rt *Realtime) Start() {
 	rt.unsub = rt.svc.Bus().Subscribe(rt.deliver)
+	rt.svc.OnCleanup(rt.closeRemoved)
 	if m, ok := rt.svc.Bus().(events.Monitored); ok {
 		m.Monitor().OnGap(func(events.Gap) {
 			// What this node records to replay has a hole now: no

@@ -114,6 +114,9 @@ type Server struct {
 	// Set by NewRealtime: the dashboard's trigger and snapshot.
 	dashPoke     atomic.Pointer[func()]
 	dashSnapshot atomic.Pointer[func(context.Context) (*DashboardView, error)]
+	// keepAlive is the socket keep-alive interval (set by NewRealtime):
+	// an operator sweep's threshold must be at least twice it.
+	keepAlive atomic.Int64
 }
 
 // New builds the HTTP server over a service.

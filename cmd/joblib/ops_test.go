@@ -17,6 +17,7 @@ import (
 	"github.com/zndraw/joblib/internal/dbtest"
 	"github.com/zndraw/joblib/joblib"
 	"github.com/zndraw/joblib/models"
+	"github.com/zndraw/joblib/server"
 )
 
 // fixture: two stale workers (one holding a claimed task), one live worker,
@@ -123,11 +124,11 @@ func TestSweepCommand(t *testing.T) {
 			f := seed(t, url)
 			before := snapshot(t, url, f.task)
 
-			var plan sweepOutput
+			var plan server.SweepView
 			if err := json.Unmarshal([]byte(runCLI(t, url, "sweep", "--json", "--threshold", "90s")), &plan); err != nil {
 				t.Fatal(err)
 			}
-			got := map[uuid.UUID]sweepWorker{}
+			got := map[uuid.UUID]server.SweepWorker{}
 			for _, w := range plan.Workers {
 				got[w.ID] = w
 			}
@@ -145,7 +146,7 @@ func TestSweepCommand(t *testing.T) {
 				t.Fatalf("sweep --threshold 1h: %s", out)
 			}
 
-			var done sweepOutput
+			var done server.SweepView
 			if err := json.Unmarshal([]byte(runCLI(t, url, "sweep", "--fix", "--json", "--threshold", "90s")), &done); err != nil {
 				t.Fatal(err)
 			}
