@@ -188,7 +188,7 @@ func (rw *routingErrors) WriteHeader(code int) {
 		h.Del("X-Content-Type-Options")
 		p := Problem{Type: "/v1/problems/not-found", Title: http.StatusText(code), Status: code, Detail: "no such endpoint"}
 		if code == http.StatusMethodNotAllowed {
-			p.Type, p.Detail = "/v1/problems/method-not-allowed", "method not allowed on this endpoint"
+			p.Type, p.Detail = "/v1/problems/method-not-allowed", "method not allowed on this endpoint; allowed: "+h.Get("Allow")
 		}
 		writeProblem(rw.ResponseWriter, p)
 		return
