@@ -171,7 +171,9 @@ func TestOperatorCommandsNeverCreateADatabase(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	cmds := [][]string{{"workers", "list"}, {"tasks", "list"}, {"sweep"}, {"sweep", "--fix"},
-		{"token", "create", "--user", "ops"}, {"tasks", "retry", "0b0f6a4e-2f59-4c43-9a53-1f0a3b0e3c11"}}
+		{"token", "create", "--user", "ops"}, {"tasks", "retry", "0b0f6a4e-2f59-4c43-9a53-1f0a3b0e3c11"},
+		{"tasks", "cancel", "0b0f6a4e-2f59-4c43-9a53-1f0a3b0e3c11"}, {"workers", "delete", "0b0f6a4e-2f59-4c43-9a53-1f0a3b0e3c11"},
+		{"jobs", "list"}, {"rooms", "list"}}
 	for _, args := range cmds {
 		line := "joblib " + strings.Join(args, " ")
 		code, _, errOut := runBin(t, dir, nil, args...)
