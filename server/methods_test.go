@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/zndraw/joblib/joblib"
 )
 
@@ -95,5 +96,50 @@ func TestRootRedirectsToDashboard(t *testing.T) {
 			t.Fatalf("GET /: %d Location %q", res.StatusCode, res.Header.Get("Location"))
 		}
 		e.do("", "GET", "/nope", nil).problem(404, "not-found")
+	})
+}
+
+// A worker removed while its socket is open loses that socket, so that its
+// client learns it must register again: at once when this node removed it
+// (a DELETE, an operator, the sweeper), within a keep-alive interval when
+// another node or process did. Other sockets stay.
+func TestRemovedWorkerSocketIsClosed(t *testing.T) {
+	t.Parallel()
+	eachRealtime(t, func(t *testing.T, e *env) {
+		bind := func(name string) (string, *sioClient) {
+			t.Helper()
+			wid := e.registerJob(e.alice, "rm", "modifiers", name)["worker_id"].(string)
+			c := mustDialSIO(t, e.url, e.alice)
+			c.mustCall("join_job_room", map[string]any{"job_name": "rm:modifiers:" + name, "worker_id": wid})
+			return wid, c
+		}
+		closed := func(c *sioClient, within time.Duration) bool {
+			select {
+			case <-c.done:
+				return true
+			case <-time.After(within):
+				return false
+			}
+		}
+		here, cHere := bind("A")
+		elsewhere, cElsewhere := bind("B")
+		_, cKept := bind("C")
+
+		e.do(e.alice, "DELETE", api+"/workers/"+here, nil).want(204)
+		if !closed(cHere, 2*time.Second) {
+			t.Fatal("the socket of a worker deleted on this node stayed open")
+		}
+		// Another process on the same database removes the other worker.
+		other := joblib.New(joblib.Config{DB: e.db})
+		defer other.Close()
+		if _, err := other.OperatorDeleteWorker(context.Background(), uuid.MustParse(elsewhere), "cli:test"); err != nil {
+			t.Fatal(err)
+		}
+		if !closed(cElsewhere, 3*time.Second) {
+			t.Fatal("the socket of a worker removed by another process stayed open past the keep-alive")
+		}
+		if closed(cKept, 300*time.Millisecond) {
+			t.Fatal("an unrelated worker's socket was closed")
+		}
 	})
 }

@@ -174,17 +174,28 @@ func operatorActor(p joblib.Principal) string {
 // path removed (an operator's delete or sweep, the sweeper, a REST DELETE):
 // the client learns at once that it lost its worker, reconnects, and its
 // join answers 404, upon which it registers again. The disconnect path needs
-// nothing: its socket is already closed.
+// nothing: its socket is already closed. A worker removed by another node
+// or process is found by the keep-alive, which closes its socket then.
 func (rt *Realtime) closeRemoved(path string, res joblib.CleanupResult) {
 	if path == joblib.PathDisconnect {
 		return
 	}
+	ids := make([]uuid.UUID, len(res.Workers))
+	for i, w := range res.Workers {
+		ids[i] = w.ID
+	}
+	rt.dropWorkers(ids, path)
+}
+
+// dropWorkers unbinds the workers from their sockets on this node and
+// closes those sockets.
+func (rt *Realtime) dropWorkers(ids []uuid.UUID, why string) {
 	socks := map[*sio.Socket][]uuid.UUID{}
 	rt.mu.Lock()
-	for _, w := range res.Workers {
-		if s := rt.bound[w.ID]; s != nil {
-			delete(rt.bound, w.ID)
-			socks[s] = append(socks[s], w.ID)
+	for _, id := range ids {
+		if s := rt.bound[id]; s != nil {
+			delete(rt.bound, id)
+			socks[s] = append(socks[s], id)
 		}
 	}
 	rt.mu.Unlock()
@@ -198,7 +209,7 @@ func (rt *Realtime) closeRemoved(path string, res joblib.CleanupResult) {
 			}
 			st.mu.Unlock()
 		}
-		rt.log.Info("closing the socket of a removed worker", "socket", s.ID(), "path", path)
+		rt.log.Info("closing the socket of a removed worker", "socket", s.ID(), "workers", ids, "removed_by", why)
 		s.Disconnect()
 	}
 }

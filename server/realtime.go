@@ -724,9 +724,11 @@ func (rt *Realtime) keepAlive() {
 		if len(ids) == 0 {
 			continue
 		}
-		if _, err := rt.svc.KeepAlive(rt.ctx, ids); err != nil && !errors.Is(err, context.Canceled) {
+		gone, err := rt.svc.KeepAlive(rt.ctx, ids)
+		if err != nil && !errors.Is(err, context.Canceled) {
 			rt.log.Error("refresh socket-bound workers", "workers", len(ids), "err", err)
 		}
+		rt.dropWorkers(gone, "removed elsewhere")
 	}
 }
 
