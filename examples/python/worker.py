@@ -39,7 +39,9 @@ import socketio
 
 URL = (os.environ.get("JOBLIB_CLIENT_URL") or os.environ.get("JOBLIB_URL") or "http://localhost:8080").rstrip("/")
 API = URL + "/v1/joblib"
-TOKEN = os.environ.get("JOBLIB_CLIENT_TOKEN") or os.environ["JOBLIB_TOKEN"]
+TOKEN = os.environ.get("JOBLIB_CLIENT_TOKEN") or os.environ.get("JOBLIB_TOKEN")
+if not TOKEN:
+    sys.exit("set JOBLIB_CLIENT_TOKEN to an API token (joblib token create --user NAME)")
 ROOM = os.environ.get("ROOM", "examples")
 TIMEOUT = float(os.environ.get("WORKER_TIMEOUT", "60"))
 
