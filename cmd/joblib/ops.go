@@ -502,38 +502,16 @@ func listTasks(ctx context.Context, o opsEnv, status, room string, limit int, as
 }
 
 func retryCommand() *command {
-	c := opsCommand("retry", "put a failed task back to pending, as the dashboard does (audited)", func(fs *flag.FlagSet) func(context.Context, opsEnv) error {
-		actor := fs.String("actor", "", "who retries, for the audit log (default $USER)")
-		asJSON := fs.Bool("json", false, "print the task as JSON")
-		srv := serverFlag(fs)
-		return func(ctx context.Context, o opsEnv) error {
-			id, err := o.parseID("joblib tasks retry", "task")
-			if err != nil {
-				return err
-			}
-			who := o.operatorName(*actor)
-			svc, closeFn, err := o.service(ctx)
-			if err != nil {
-				return err
-			}
-			defer closeFn()
-			var t joblib.Task
-			err = o.viaServer(ctx, svc, *srv, who, http.MethodPost, "/dashboard/tasks/"+id.String()+"/retry", nil, &t)
-			if errors.Is(err, errNoServer) {
-				t, err = svc.RetryTask(ctx, id, joblib.OperatorUserPrefix+who)
-			}
-			if err != nil {
-				return fmt.Errorf("tasks retry %s: %w", id, err)
-			}
-			if *asJSON {
-				return writeJSON(o.stdout(), t, false)
-			}
-			fmt.Fprintf(o.stdout(), "task %s is %s again (job %s, room %s, attempt %d so far)\n", t.ID, t.Status, t.JobName, t.RoomID, t.Attempt)
-			return nil
-		}
+	return operatorAction(operatorActionSpec[joblib.Task]{
+		name: "retry", path: "joblib tasks retry", what: "task", summary: "put a failed task back to pending, as the dashboard does (audited)",
+		method: http.MethodPost, endpoint: func(id uuid.UUID) string { return "/dashboard/tasks/" + id.String() + "/retry" },
+		local: func(ctx context.Context, svc *joblib.Service, id uuid.UUID, actor string) (joblib.Task, error) {
+			return svc.RetryTask(ctx, id, actor)
+		},
+		print: func(w io.Writer, t joblib.Task) {
+			fmt.Fprintf(w, "task %s is %s again (job %s, room %s, attempt %d so far)\n", t.ID, t.Status, t.JobName, t.RoomID, t.Attempt)
+		},
 	})
-	c.args, c.nargs = "ID", 1
-	return c
 }
 
 // pruneCommand is `joblib tasks prune`: what task retention would delete now

@@ -153,24 +153,28 @@ func writeJSON(w io.Writer, v any, indent bool) error {
 	return enc.Encode(v)
 }
 
-// parseID parses a command's ID argument.
-func (o opsEnv) parseID(cmdPath, what string) (uuid.UUID, error) {
-	id, err := uuid.Parse(o.args[0])
-	if err != nil {
-		return uuid.Nil, o.env.usageErr(cmdPath, "%q is not a %s id", o.args[0], what)
-	}
-	return id, nil
+// operatorActionSpec describes an operator action on one object (a task, a
+// worker): the dashboard's endpoint a running server takes it on, and what
+// the command does on the database when no server runs.
+type operatorActionSpec[T any] struct {
+	name, path, what, summary string
+	method                    string
+	endpoint                  func(id uuid.UUID) string
+	local                     func(ctx context.Context, svc *joblib.Service, id uuid.UUID, actor string) (T, error)
+	print                     func(w io.Writer, v T)
 }
 
-func cancelCommand() *command {
-	c := opsCommand("cancel", "cancel a task, as the dashboard does (audited)", func(fs *flag.FlagSet) func(context.Context, opsEnv) error {
-		actor := fs.String("actor", "", "who cancels, for the audit log (default $USER)")
-		asJSON := fs.Bool("json", false, "print the task as JSON")
+// operatorAction is the command of an operator action: `<path> ID`, with
+// --actor, --json and --server.
+func operatorAction[T any](a operatorActionSpec[T]) *command {
+	c := opsCommand(a.name, a.summary, func(fs *flag.FlagSet) func(context.Context, opsEnv) error {
+		actor := fs.String("actor", "", "who acts, for the audit log (default $USER)")
+		asJSON := fs.Bool("json", false, "print the answer as JSON")
 		srv := serverFlag(fs)
 		return func(ctx context.Context, o opsEnv) error {
-			id, err := o.parseID("joblib tasks cancel", "task")
+			id, err := uuid.Parse(o.args[0])
 			if err != nil {
-				return err
+				return o.env.usageErr(a.path, "%q is not a %s id", o.args[0], a.what)
 			}
 			who := o.operatorName(*actor)
 			svc, closeFn, err := o.service(ctx)
@@ -178,60 +182,51 @@ func cancelCommand() *command {
 				return err
 			}
 			defer closeFn()
-			var t joblib.Task
-			err = o.viaServer(ctx, svc, *srv, who, http.MethodPost, "/dashboard/tasks/"+id.String()+"/cancel", nil, &t)
+			var out T
+			err = o.viaServer(ctx, svc, *srv, who, a.method, a.endpoint(id), nil, &out)
 			if errors.Is(err, errNoServer) {
-				t, err = svc.CancelTask(ctx, id, joblib.OperatorUserPrefix+who)
+				out, err = a.local(ctx, svc, id, joblib.OperatorUserPrefix+who)
 			}
 			if err != nil {
-				return fmt.Errorf("tasks cancel %s: %w", id, err)
-			}
-			if *asJSON {
-				return writeJSON(o.stdout(), t, false)
-			}
-			fmt.Fprintf(o.stdout(), "task %s is %s (job %s, room %s)\n", t.ID, t.Status, t.JobName, t.RoomID)
-			return nil
-		}
-	})
-	c.args, c.nargs = "ID", 1
-	return c
-}
-
-func deleteWorkerCommand() *command {
-	c := opsCommand("delete", "delete a worker as the dashboard does: its tasks fail or requeue, its socket closes (audited)", func(fs *flag.FlagSet) func(context.Context, opsEnv) error {
-		actor := fs.String("actor", "", "who deletes, for the audit log (default $USER)")
-		asJSON := fs.Bool("json", false, "print JSON")
-		srv := serverFlag(fs)
-		return func(ctx context.Context, o opsEnv) error {
-			id, err := o.parseID("joblib workers delete", "worker")
-			if err != nil {
-				return err
-			}
-			who := o.operatorName(*actor)
-			svc, closeFn, err := o.service(ctx)
-			if err != nil {
-				return err
-			}
-			defer closeFn()
-			var out server.DeleteWorkerResult
-			err = o.viaServer(ctx, svc, *srv, who, http.MethodDelete, "/dashboard/workers/"+id.String(), nil, &out)
-			if errors.Is(err, errNoServer) {
-				var res joblib.CleanupResult
-				res, err = svc.OperatorDeleteWorker(ctx, id, joblib.OperatorUserPrefix+who)
-				out = server.DeleteWorkerResult{WorkerID: id, TasksFailed: res.TasksFailed, TasksRequeued: res.TasksRequeued, OrphanJobs: res.OrphanJobs}
-			}
-			if err != nil {
-				return fmt.Errorf("workers delete %s: %w", id, err)
+				return fmt.Errorf("%s %s: %w", strings.TrimPrefix(a.path, "joblib "), id, err)
 			}
 			if *asJSON {
 				return writeJSON(o.stdout(), out, false)
 			}
-			fmt.Fprintf(o.stdout(), "deleted worker %s: %d task(s) failed, %d requeued, %d job(s) orphaned\n", out.WorkerID, out.TasksFailed, out.TasksRequeued, out.OrphanJobs)
+			a.print(o.stdout(), out)
 			return nil
 		}
 	})
 	c.args, c.nargs = "ID", 1
 	return c
+}
+
+func cancelCommand() *command {
+	return operatorAction(operatorActionSpec[joblib.Task]{
+		name: "cancel", path: "joblib tasks cancel", what: "task", summary: "cancel a task, as the dashboard does (audited)",
+		method: http.MethodPost, endpoint: func(id uuid.UUID) string { return "/dashboard/tasks/" + id.String() + "/cancel" },
+		local: func(ctx context.Context, svc *joblib.Service, id uuid.UUID, actor string) (joblib.Task, error) {
+			return svc.CancelTask(ctx, id, actor)
+		},
+		print: func(w io.Writer, t joblib.Task) {
+			fmt.Fprintf(w, "task %s is %s (job %s, room %s)\n", t.ID, t.Status, t.JobName, t.RoomID)
+		},
+	})
+}
+
+func deleteWorkerCommand() *command {
+	return operatorAction(operatorActionSpec[server.DeleteWorkerResult]{
+		name: "delete", path: "joblib workers delete", what: "worker",
+		summary: "delete a worker as the dashboard does: its tasks fail or requeue, its socket closes (audited)",
+		method:  http.MethodDelete, endpoint: func(id uuid.UUID) string { return "/dashboard/workers/" + id.String() },
+		local: func(ctx context.Context, svc *joblib.Service, id uuid.UUID, actor string) (server.DeleteWorkerResult, error) {
+			res, err := svc.OperatorDeleteWorker(ctx, id, actor)
+			return server.DeleteWorkerResult{WorkerID: id, TasksFailed: res.TasksFailed, TasksRequeued: res.TasksRequeued, OrphanJobs: res.OrphanJobs}, err
+		},
+		print: func(w io.Writer, r server.DeleteWorkerResult) {
+			fmt.Fprintf(w, "deleted worker %s: %d task(s) failed, %d requeued, %d job(s) orphaned\n", r.WorkerID, r.TasksFailed, r.TasksRequeued, r.OrphanJobs)
+		},
+	})
 }
 
 func jobsCommand() *command {
