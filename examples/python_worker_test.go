@@ -94,10 +94,13 @@ func TestPythonWorkerRegistersAgainAndStopsPromptly(t *testing.T) {
 			if took > 2*time.Second || !strings.Contains(rest, "stopped "+w2) || !strings.Contains(stderr.String(), "404") {
 				t.Fatalf("stop with a 404: %s; output %q\n%s", took, rest, stderr)
 			}
-			// The DELETE gets no answer at all: it stops anyway.
-			if took, _ := stopB(); took > 2*time.Second {
-				t.Fatalf("stop without an answer took %s\n%s", took, stderrB)
+			// The DELETE gets no answer at all: it stops anyway (its own
+			// deadline is 0.9 s; the bound leaves room for a loaded machine).
+			tookB, _ := stopB()
+			if tookB > 2*time.Second {
+				t.Fatalf("stop without an answer took %s\n%s", tookB, stderrB)
 			}
+			t.Logf("SIGTERM to exit: %s with a 404, %s without an answer", took, tookB)
 		})
 	}
 }

@@ -297,7 +297,7 @@ func sweep(ctx context.Context, o opsEnv, fix, asJSON bool, threshold time.Durat
 	keepAlive := server.KeepAliveInterval(o.cfg.Realtime, o.cfg.Settings.WorkerTimeout)
 	if err := joblib.CheckSweepThreshold(threshold, keepAlive); err != nil {
 		e, _ := joblib.AsError(err)
-		return o.env.usageErr("joblib sweep", "--threshold: %s (JOBLIB_SOCKET_KEEPALIVE_INTERVAL)", e.Detail)
+		return o.env.usageErr("joblib sweep", "%s (the keep-alive interval is JOBLIB_SOCKET_KEEPALIVE_INTERVAL)", e.Detail)
 	}
 	svc, closeFn, err := o.service(ctx)
 	if err != nil {
