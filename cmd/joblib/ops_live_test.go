@@ -90,7 +90,8 @@ func TestOperatorCommandsReachTheRunningServer(t *testing.T) {
 				t.Fatalf("tasks retry: %s %v", out, err)
 			}
 			ag.waitFor("the UI hears the task pending again", 5*time.Second, statusIs("ui", task, "pending"))
-			if out, _, err := runCLIErr(url, "tasks", "cancel", task, "--json"); err != nil || !strings.Contains(out, `"status":"cancelled"`) {
+			// --server names the server instead of the lease's address.
+			if out, _, err := runCLIErr(url, "tasks", "cancel", task, "--json", "--server", sioURL); err != nil || !strings.Contains(out, `"status":"cancelled"`) {
 				t.Fatalf("tasks cancel: %s %v", out, err)
 			}
 			ag.waitFor("the UI hears the task cancelled", 5*time.Second, statusIs("ui", task, "cancelled"))
@@ -152,6 +153,34 @@ func TestOperatorCommandsReachTheRunningServer(t *testing.T) {
 				if strings.HasPrefix(tk.UserName, joblib.OperatorUserPrefix) && !tk.RevokedAt.Valid() {
 					t.Errorf("operator token %s of %s still live", tk.ID, tk.UserName)
 				}
+			}
+		})
+	}
+}
+
+// A live lease whose node does not answer: the command refuses rather than
+// change the database behind a running server's back.
+func TestOperatorCommandRefusesWhenTheServerDoesNotAnswer(t *testing.T) {
+	t.Parallel()
+	for _, d := range dbtest.Dialects {
+		t.Run(string(d), func(t *testing.T) {
+			t.Parallel()
+			url := dbtest.URL(t, d)
+			f := seed(t, url)
+			db, err := models.Open(context.Background(), url, models.OpenOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+			if err := db.Q(context.Background()).AcquireNodeLease(uuid.NewString(), "silent", "127.0.0.1:1", time.Minute); err != nil {
+				t.Fatal(err)
+			}
+			_, _, err = runCLIErr(url, "workers", "delete", f.alive.String())
+			if err == nil || !strings.Contains(err.Error(), "a server runs on this database but none answered") || !strings.Contains(err.Error(), "--server URL") {
+				t.Fatalf("workers delete with a silent server: %v", err)
+			}
+			if s := snapshot(t, url, f.task); s.Workers != 3 {
+				t.Fatalf("the database changed: %+v", s)
 			}
 		})
 	}
