@@ -2,8 +2,8 @@ package joblib
 
 import (
 	"context"
-	"slices"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
