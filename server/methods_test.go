@@ -71,6 +71,9 @@ func TestUnauthorizedSaysWhy(t *testing.T) {
 				hdr = append(hdr, c.header)
 			}
 			r := e.do("", "POST", api+"/workers", nil, hdr...)
+			if strings.Contains(string(r.Body), `\u003c`) {
+				t.Errorf("%q: the problem escapes < as HTML: %s", c.header, r.Body)
+			}
 			m := r.problem(401, "unauthorized")
 			if d, _ := m["detail"].(string); !strings.HasPrefix(d, c.want) {
 				t.Errorf("%q: detail %q, want %q", c.header, d, c.want)
