@@ -136,8 +136,9 @@ func (s *Server) NewRealtime(cfg RealtimeConfig, log *slog.Logger) *Realtime {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	cfg.KeepAliveInterval = KeepAliveInterval(cfg, s.svc.Settings().WorkerTimeout)
-	s.keepAlive.Store(int64(cfg.KeepAliveInterval))
+	if cfg.KeepAliveInterval <= 0 {
+		cfg.KeepAliveInterval = KeepAliveInterval(cfg, s.svc.Settings().WorkerTimeout)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	rt := &Realtime{
 		svc: s.svc, auth: s.auth, rooms: s.rooms, publicReads: s.cfg.PublicReads, cfg: cfg, log: log,
@@ -179,6 +180,7 @@ func (s *Server) NewRealtime(cfg RealtimeConfig, log *slog.Logger) *Realtime {
 			KeepRoom: func(room string) bool { return strings.HasPrefix(room, events.Room("")) },
 		},
 	}, rt)
+	s.keepAlive.Store(int64(cfg.KeepAliveInterval))
 	rt.dash = newDashHub(rt)
 	rt.startDashboard(s)
 	rt.fwd = newForwarder(s.svc, func(sid string) bool { return rt.io.Engine().Lookup(sid) != nil }, rt.io, log)
