@@ -146,3 +146,28 @@ func TestRemovedWorkerSocketIsClosed(t *testing.T) {
 		}
 	})
 }
+
+// POST /dashboard/sweep: superusers only; a threshold below twice the
+// socket keep-alive is refused with the reason; otherwise the stale workers
+// are cleaned with path operator, their owners named.
+func TestDashboardSweep(t *testing.T) {
+	t.Parallel()
+	eachRealtime(t, func(t *testing.T, e *env) {
+		stale := e.newWorker(e.alice)
+		if err := e.db.Q(context.Background()).SetHeartbeatAge([]uuid.UUID{uuid.MustParse(stale)}, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		e.do(e.alice, "POST", api+"/dashboard/sweep", map[string]any{}).problem(403, "forbidden")
+		m := e.do(e.admin, "POST", api+"/dashboard/sweep", map[string]any{"threshold_seconds": 0.15}).problem(422, "validation-error")
+		if d, _ := m["detail"].(string); !strings.Contains(d, "below twice the socket keep-alive interval (100ms)") {
+			t.Fatalf("detail %q", d)
+		}
+		e.do(e.admin, "POST", api+"/dashboard/sweep", map[string]any{"threshold_seconds": -1}).problem(422, "validation-error")
+		v := e.do(e.admin, "POST", api+"/dashboard/sweep", map[string]any{"threshold_seconds": 30}).want(200).M()
+		ws, _ := v["workers"].([]any)
+		if v["dry_run"] != false || len(ws) != 1 || ws[0].(map[string]any)["id"] != stale || ws[0].(map[string]any)["user_name"] != "alice" {
+			t.Fatalf("sweep answered %v", v)
+		}
+		e.do(e.alice, "PATCH", api+"/workers/"+stale, nil).problem(404, "worker-not-found")
+	})
+}
