@@ -138,7 +138,7 @@ func (s *Server) NewRealtime(cfg RealtimeConfig, log *slog.Logger) *Realtime {
 		log = slog.New(slog.DiscardHandler)
 	}
 	if cfg.KeepAliveInterval <= 0 {
-		cfg.KeepAliveInterval = min(10*time.Second, s.svc.Settings().WorkerTimeout/3)
+		cfg.KeepAliveInterval = KeepAliveInterval(cfg, s.svc.Settings().WorkerTimeout)
 	}
 	if len(cfg.AllowedOrigins) == 0 {
 		cfg.AllowedOrigins = s.cfg.AllowedOrigins
@@ -184,6 +184,7 @@ func (s *Server) NewRealtime(cfg RealtimeConfig, log *slog.Logger) *Realtime {
 			KeepRoom: func(room string) bool { return strings.HasPrefix(room, events.Room("")) },
 		},
 	}, rt)
+	s.keepAlive.Store(int64(cfg.KeepAliveInterval))
 	rt.dash = newDashHub(rt)
 	rt.startDashboard(s)
 	rt.fwd = newForwarder(s.svc, func(sid string) bool { return rt.io.Engine().Lookup(sid) != nil }, rt.io, log)
@@ -203,6 +204,7 @@ func (rt *Realtime) IO() *sio.Server { return rt.io }
 // Start subscribes to the bus and starts the keep-alive loop.
 func (rt *Realtime) Start() {
 	rt.unsub = rt.svc.Bus().Subscribe(rt.deliver)
+	rt.svc.OnCleanup(rt.closeRemoved)
 	if m, ok := rt.svc.Bus().(events.Monitored); ok {
 		m.Monitor().OnGap(func(events.Gap) {
 			// What this node records to replay has a hole now: no
@@ -721,9 +723,11 @@ func (rt *Realtime) keepAlive() {
 		if len(ids) == 0 {
 			continue
 		}
-		if _, err := rt.svc.KeepAlive(rt.ctx, ids); err != nil && !errors.Is(err, context.Canceled) {
+		gone, err := rt.svc.KeepAlive(rt.ctx, ids)
+		if err != nil && !errors.Is(err, context.Canceled) {
 			rt.log.Error("refresh socket-bound workers", "workers", len(ids), "err", err)
 		}
+		rt.dropWorkers(gone, "removed elsewhere")
 	}
 }
 

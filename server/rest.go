@@ -48,6 +48,7 @@ func (s *Server) routes() {
 	m.HandleFunc("PATCH "+prefix+"/tasks/{id}", write(s.updateTask))
 	s.routesProviders(list, write)
 	s.routesDashboard(write)
+	s.routesMethods()
 
 	m.HandleFunc("GET /healthz", s.healthz)
 	m.HandleFunc("GET /readyz", s.readyz)
@@ -107,6 +108,7 @@ func (s *Server) principal(w http.ResponseWriter, r *http.Request) (joblib.Princ
 	if err == nil {
 		err = s.checkCookieWrite(r)
 	}
+	err = explainUnauthorized(r, err)
 	if err != nil {
 		if errors.Is(err, joblib.ErrUnauthorized) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="joblib"`)

@@ -130,6 +130,9 @@ type Server struct {
 	// Set by NewRealtime: the dashboard's trigger and snapshot.
 	dashPoke     atomic.Pointer[func()]
 	dashSnapshot atomic.Pointer[func(context.Context) (*DashboardView, error)]
+	// keepAlive is the socket keep-alive interval (set by NewRealtime):
+	// an operator sweep's threshold must be at least twice it.
+	keepAlive atomic.Int64
 }
 
 // New builds the HTTP server over a service.
@@ -214,7 +217,7 @@ func (rw *routingErrors) WriteHeader(code int) {
 		h.Del("X-Content-Type-Options")
 		p := Problem{Type: "/v1/problems/not-found", Title: http.StatusText(code), Status: code, Detail: "no such endpoint"}
 		if code == http.StatusMethodNotAllowed {
-			p.Type, p.Detail = "/v1/problems/method-not-allowed", "method not allowed on this endpoint"
+			p.Type, p.Detail = "/v1/problems/method-not-allowed", "method not allowed on this endpoint; allowed: "+h.Get("Allow")
 		}
 		writeProblem(rw.ResponseWriter, p)
 		return

@@ -18,6 +18,7 @@ type sioClient struct {
 	t    testing.TB
 	cl   *sioclient.Client
 	conn *websocket.Conn // for hand-made frames
+	done <-chan struct{} // closed when the connection has ended
 
 	mu     sync.Mutex
 	events []sioEvent
@@ -49,7 +50,7 @@ func dialSIO(t testing.TB, baseURL, token string) (*sioClient, error) {
 	if err != nil {
 		return nil, err
 	}
-	c.cl, c.conn = cl, cl.Conn()
+	c.cl, c.conn, c.done = cl, cl.Conn(), cl.Done()
 	t.Cleanup(cl.Kill)
 	return c, nil
 }
