@@ -319,7 +319,7 @@ func deref(s *string) string {
 
 // Audit actions of the dashboard's operator actions (besides AuditTaskRetry).
 const (
-	// AuditTaskCancel: an operator cancelled a pending task.
+	// AuditTaskCancel: an operator cancelled a task.
 	AuditTaskCancel = "task_cancel"
 	// AuditWorkerOperatorDelete: an operator deleted a worker (dashboard).
 	AuditWorkerOperatorDelete = "worker_delete"
@@ -328,10 +328,11 @@ const (
 // ErrCancelledByOperator is the error recorded on a task an operator cancelled.
 const ErrCancelledByOperator = "Cancelled by an operator"
 
-// CancelTask cancels a pending task (an operator action): it becomes
-// cancelled with an error naming the operator's action, an audit_log row
-// names the actor, and the task's status event is published. Only pending
-// tasks are cancelled here: a claimed or running one belongs to its worker.
+// CancelTask cancels a pending, claimed or running task (an operator
+// action): it becomes cancelled with an error naming the operator's action,
+// an audit_log row names the actor, the task's status event is published,
+// and the worker holding it gets task_cancelled on its socket, on whichever
+// node it is.
 func (s *Service) CancelTask(ctx context.Context, id uuid.UUID, actor string) (Task, error) {
 	var out Task
 	err := s.mutate(ctx, func(q *models.Q, em *events.Set) error {
@@ -339,11 +340,11 @@ func (s *Service) CancelTask(ctx context.Context, id uuid.UUID, actor string) (T
 		if err != nil {
 			return notFound(err, errf(CodeTaskNotFound, "Task '%s' not found", id))
 		}
-		if t.Status != models.StatusPending {
-			return errf(CodeInvalidTaskTransition, "Cannot cancel a task in status '%s': only pending tasks are cancelled here", t.Status)
+		if !allowed(t.Status, models.StatusCancelled) {
+			return errf(CodeInvalidTaskTransition, "Cannot cancel a task in status '%s'", t.Status)
 		}
 		msg := ErrCancelledByOperator
-		ok, err := q.TransitionTask(id, models.StatusPending, models.StatusCancelled, nil, &msg)
+		ok, err := q.TransitionTask(id, t.Status, models.StatusCancelled, nil, &msg)
 		if err != nil {
 			return err
 		}
@@ -353,12 +354,14 @@ func (s *Service) CancelTask(ctx context.Context, id uuid.UUID, actor string) (T
 		if err := audit(q, AuditTaskCancel, &id, actor, map[string]any{"from": t.Status, "job": t.JobFullName(), "room_id": t.RoomID}); err != nil {
 			return err
 		}
-		orphans, err := q.SoftDeleteOrphanJobs([]uuid.UUID{t.JobID})
-		if err != nil {
-			return err
-		}
-		for _, j := range orphans {
-			em.Add(events.Room(j.RoomID), events.JobsInvalidate{})
+		if t.WorkerID == nil {
+			orphans, err := q.SoftDeleteOrphanJobs([]uuid.UUID{t.JobID})
+			if err != nil {
+				return err
+			}
+			for _, j := range orphans {
+				em.Add(events.Room(j.RoomID), events.JobsInvalidate{})
+			}
 		}
 		nt, err := q.GetTask(id)
 		if err != nil {
@@ -366,6 +369,9 @@ func (s *Service) CancelTask(ctx context.Context, id uuid.UUID, actor string) (T
 		}
 		out = taskView(nt)
 		em.Add(events.Room(out.RoomID), statusEvent(out))
+		if t.WorkerID != nil {
+			em.Add(events.WorkerRoom(t.WorkerID.String()), events.TaskCancelled{TaskID: id.String(), Reason: ErrCancelledByOperator})
+		}
 		return nil
 	})
 	return out, err

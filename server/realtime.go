@@ -568,6 +568,11 @@ func (rt *Realtime) joinAsWorker(ctx context.Context, s *sio.Socket, st *connSta
 		rt.bound[wid] = s
 		rt.mu.Unlock()
 		rt.dash.poke()
+		// The worker's own room: task_cancelled for the tasks it holds
+		// reaches this socket from any node.
+		if err := s.Join(events.WorkerRoom(wid.String())); err != nil {
+			return joinErrAck(err)
+		}
 	}
 	if err := s.Join(room); err != nil {
 		return joinErrAck(err)

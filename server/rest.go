@@ -404,6 +404,10 @@ type registerJobBody struct {
 	WorkerID     *uuid.UUID      `json:"worker_id"`
 	OnWorkerLoss string          `json:"on_worker_loss"`
 	MaxAttempts  int             `json:"max_attempts"`
+	// Task limits in seconds and the timeout policy (optional).
+	TaskTimeout      *int   `json:"task_timeout"`
+	HeartbeatTimeout *int   `json:"heartbeat_timeout"`
+	OnTimeout        string `json:"on_timeout"`
 }
 
 // schemaOf picks the schema field (or its alias) and checks it is an object.
@@ -440,6 +444,7 @@ func (s *Server) registerJob(w http.ResponseWriter, r *http.Request) {
 	job, created, err := s.svc.RegisterJob(r.Context(), p, room, joblib.RegisterJobParams{
 		Category: *b.Category, Name: *b.Name, Schema: schema, WorkerID: b.WorkerID,
 		OnWorkerLoss: b.OnWorkerLoss, MaxAttempts: b.MaxAttempts,
+		TaskTimeout: b.TaskTimeout, HeartbeatTimeout: b.HeartbeatTimeout, OnTimeout: b.OnTimeout,
 	})
 	s.answer(w, r, createdOrOK(created), job, err)
 }
@@ -488,6 +493,8 @@ func (s *Server) submitTask(w http.ResponseWriter, r *http.Request) {
 	}
 	var b struct {
 		Payload json.RawMessage `json:"payload"`
+		// Timeout is the task's own task_timeout in seconds (optional).
+		Timeout *int `json:"timeout"`
 	}
 	if !s.decodeBody(w, r, &b) {
 		return
@@ -496,7 +503,7 @@ func (s *Server) submitTask(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, `field "payload": expected a JSON object`)
 		return
 	}
-	task, err := s.svc.SubmitTask(r.Context(), p, room, r.PathValue("name"), b.Payload)
+	task, err := s.svc.SubmitTaskWith(r.Context(), p, room, r.PathValue("name"), b.Payload, joblib.SubmitOptions{Timeout: b.Timeout})
 	if err != nil {
 		s.fail(w, r, err)
 		return
