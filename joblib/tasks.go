@@ -520,13 +520,10 @@ func (s *Service) authorizeUpdate(q *models.Q, p Principal, t models.Task, statu
 	if p.Superuser {
 		return nil
 	}
-	if status == models.StatusCancelled && t.CreatedByID != nil && *t.CreatedByID == p.ID && !events.Terminal(t.Status) {
+	if status == models.StatusCancelled && t.CreatedByID != nil && *t.CreatedByID == p.ID {
 		return nil
 	}
 	if t.WorkerID == nil {
-		if t.Status == models.StatusPending && status == models.StatusCancelled && t.CreatedByID != nil && *t.CreatedByID == p.ID {
-			return nil
-		}
 		return errf(CodeForbidden, "Task not claimed by any worker")
 	}
 	w, err := q.GetWorker(*t.WorkerID)

@@ -146,11 +146,10 @@ func (q *Q) TimeOutTasks(limit int, action, actor string, sweepID *uuid.UUID) ([
 	} else {
 		ret = strings.ReplaceAll(ret, "tasks.", "")
 	}
+	// The rows are locked (PostgreSQL; SQLite's one writer holds the
+	// database): no report or cleanup changed them since they were read.
 	in, arg := q.inIDs("tasks.id", ids)
-	// The status and deadline are checked again: on SQLite nothing was
-	// locked, and on PostgreSQL it costs nothing.
-	rows, err := q.g.Raw("UPDATE tasks SET "+set+" FROM jobs j WHERE j.id = tasks.job_id AND "+in+
-		" AND tasks.status IN ('claimed', 'running') AND tasks.deadline_at < "+now+" RETURNING "+ret, arg).Rows()
+	rows, err := q.g.Raw("UPDATE tasks SET "+set+" FROM jobs j WHERE j.id = tasks.job_id AND "+in+" RETURNING "+ret, arg).Rows()
 	if err != nil {
 		return nil, fmt.Errorf("time out stuck tasks: %w", mapErr(err))
 	}
