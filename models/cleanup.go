@@ -521,6 +521,10 @@ type SweepProbe struct {
 	TimedOut bool
 }
 
+// earliestDeadlineSQL is the earliest deadline of a held task: the first
+// entry of the partial index tasks_deadline_idx.
+const earliestDeadlineSQL = "SELECT min(t.deadline_at) FROM tasks t WHERE t.status IN ('claimed', 'running')"
+
 // ProbeSweep answers SweepProbe in one read-only statement, so an idle
 // sweep costs one round trip. Both tests compare a minimum with the
 // threshold, so the plan never depends on the threshold's value: the oldest
@@ -536,7 +540,7 @@ func (q *Q) ProbeSweep(staleAfter, internalTimeout time.Duration) (SweepProbe, e
 	err := q.g.Raw("SELECT COALESCE((SELECT min(last_heartbeat) FROM workers) < "+staleExpr+", false) AS stale,"+
 		" COALESCE((SELECT min((SELECT min(COALESCE(t.started_at, t.created_at)) FROM tasks t WHERE t.job_id = j.id AND t.status IN ('claimed', 'running')))"+
 		" FROM jobs j WHERE j.room_id = '@internal') < "+stuckExpr+", false) AS stuck,"+
-		" COALESCE((SELECT min(t.deadline_at) FROM tasks t WHERE t.status IN ('claimed', 'running')) < "+q.now()+", false) AS timed_out", staleArg, stuckArg).Scan(&p).Error
+		" COALESCE(("+earliestDeadlineSQL+") < "+q.now()+", false) AS timed_out", staleArg, stuckArg).Scan(&p).Error
 	if err != nil {
 		return p, fmt.Errorf("probe sweep: %w", mapErr(err))
 	}

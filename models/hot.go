@@ -158,8 +158,8 @@ func (db *DB) ClaimTasksHot(ctx context.Context, workerID, userID uuid.UUID, lim
 		err := rows.Scan(&ok, &id, &seq, &jobID, &t.WorkerID, &t.LostWorkerID, &roomID, &t.CreatedByID, &payload, &status, &attempt,
 			&t.CreatedAt, &t.ClaimedAt, &t.StartedAt, &t.CompletedAt, &t.Error, &t.Result,
 			&t.JobRoom, &t.JobCategory, &t.JobName, &t.OnWorkerLoss, &t.MaxAttempts,
-		&t.TaskTimeout, &t.HeartbeatTimeout, &t.DeadlineAt, &t.ProgressCurrent, &t.ProgressTotal, &t.ProgressMessage, &t.ProgressAt, &t.OnTimeout,
-		&t.QueuePosition, &t.Notified)
+			&t.TaskTimeout, &t.HeartbeatTimeout, &t.DeadlineAt, &t.ProgressCurrent, &t.ProgressTotal, &t.ProgressMessage, &t.ProgressAt, &t.OnTimeout,
+			&t.QueuePosition, &t.Notified)
 		if err != nil {
 			return false, nil, fmt.Errorf("claim tasks: %w", err)
 		}
@@ -309,8 +309,8 @@ type HotUpdate struct {
 // to the tasks that are in a state each may come from ($6 lists the allowed
 // from/to pairs as "from>to"), held by a worker of user $5, and not the late
 // report of a worker a cleanup took them from: the rules of the general
-// path, in one statement (a task past its deadline takes no report but a
-// cancellation: the sweeper times it out). A report that matches no such task changes nothing
+// path, in one statement (a task past its deadline takes no report: the
+// sweeper times it out). A report that matches no such task changes nothing
 // and is absent from the answer. key is the condition that finds the tasks.
 //
 // The statement must find its tasks by their primary key in every plan,
@@ -332,7 +332,7 @@ func updateSQL(b, key string) string {
 	FROM b
 	WHERE ` + key + ` AND t.id = b.id AND (t.status || '>' || b.status) = ANY($6::text[])
 		AND (t.lost_worker_id IS NULL OR t.worker_id <> t.lost_worker_id)
-		AND (t.deadline_at IS NULL OR t.deadline_at > now() OR b.status = 'cancelled') -- a task past its deadline takes no report
+		AND (t.deadline_at IS NULL OR t.deadline_at > now()) -- a task past its deadline takes no report
 		AND EXISTS (SELECT 1 FROM workers w WHERE w.id = t.worker_id AND w.user_id = $5 OFFSET 0)
 	RETURNING t.*
 )` + updateOutbox + `
