@@ -334,6 +334,7 @@ const ErrCancelledByOperator = "Cancelled by an operator"
 // and the worker holding it gets task_cancelled on its socket, on whichever
 // node it is.
 func (s *Service) CancelTask(ctx context.Context, id uuid.UUID, actor string) (Task, error) {
+	s.progress.flush(id) // its last progress goes before its end
 	var out Task
 	err := s.mutate(ctx, func(q *models.Q, em *events.Set) error {
 		t, err := q.GetTask(id)

@@ -320,6 +320,9 @@ func (s *Service) UpdateTaskResult(ctx context.Context, p Principal, id uuid.UUI
 	if err != nil {
 		return Task{}, err
 	}
+	if events.Terminal(status) {
+		s.progress.flush(id) // its last progress goes before its end
+	}
 	if s.hotEligible(status, errMsg) {
 		hts, err := s.db.UpdateTasksHot(ctx, []models.HotUpdate{toHotUpdate(id, status, errMsg, stored)}, hotTransitions, p.ID, s.hotNotify())
 		if err != nil {

@@ -47,6 +47,9 @@ func (s *Service) TimeOutTasks(ctx context.Context, sweepID *uuid.UUID) ([]Timed
 			for _, t := range ts {
 				v := TimedOutTask{Task: taskView(t.Task), HeldBy: t.HeldBy, Limit: t.Limit, Seconds: t.Seconds}
 				out = append(out, v)
+				for _, pe := range s.progress.take(t.ID) { // its last progress goes before its end
+					em.Add(pe.Room, pe.Event)
+				}
 				em.Add(events.Room(v.RoomID), statusEvent(v.Task))
 				if v.Status == models.StatusPending && v.JobName != "" {
 					em.Add(events.JobRoom(v.JobName), events.TaskAvailable{JobName: v.JobName, RoomID: v.RoomID, TaskID: v.ID.String()})

@@ -51,18 +51,19 @@ func (q *Q) claimDeadline() string {
 	return q.plusSeconds(now, q.least2("task_timeout", "heartbeat_timeout"))
 }
 
-// progressDeadline is the deadline_at a progress report sets.
+// progressDeadline is the deadline_at a progress report sets (columns of
+// tasks, qualified: the statement may join jobs, which has limits too).
 func (q *Q) progressDeadline() string {
 	now := "now()"
 	if q.d != Postgres {
 		now = "'now'"
 	}
-	return q.least2(q.plusSeconds("claimed_at", "task_timeout"), q.plusSeconds(now, "heartbeat_timeout"))
+	return q.least2(q.plusSeconds("tasks.claimed_at", "tasks.task_timeout"), q.plusSeconds(now, "tasks.heartbeat_timeout"))
 }
 
 // beforeDeadline is the condition "the task is not past its deadline".
 func (q *Q) beforeDeadline() string {
-	return "(deadline_at IS NULL OR deadline_at > " + q.now() + ")"
+	return "(tasks.deadline_at IS NULL OR tasks.deadline_at > " + q.now() + ")"
 }
 
 // TaskOverdue reports whether a task is claimed or running past its

@@ -626,9 +626,21 @@ func (s *Server) updateTask(w http.ResponseWriter, r *http.Request) {
 		Status *string         `json:"status"`
 		Error  *string         `json:"error"`
 		Result json.RawMessage `json:"result"`
+		// Progress is the holder's progress report, alone or with a status.
+		Progress *joblib.Progress `json:"progress"`
 	}
 	if !s.decodeBody(w, r, &b) {
 		return
+	}
+	if b.Progress != nil {
+		if err := s.svc.ReportProgress(r.Context(), p, id, *b.Progress); err != nil || b.Status == nil {
+			var task joblib.Task
+			if err == nil {
+				task, err = s.svc.GetTask(r.Context(), id)
+			}
+			s.answer(w, r, http.StatusOK, task, err)
+			return
+		}
 	}
 	if b.Status == nil || !joblib.ValidStatus(*b.Status) {
 		badRequest(w, `field "status" must be one of pending, claimed, running, completed, failed, cancelled`)
