@@ -44,6 +44,27 @@ type Dashboard struct {
 	FalsePositives []DashCleanup    `json:"false_positives"`
 	CleanupCounts  map[string]int64 `json:"cleanup_counts"`
 	Nodes          []DashNode       `json:"nodes"`
+	// Timeouts are the latest tasks the sweeper timed out, with the
+	// evidence (newest first, at most DashCleanups).
+	Timeouts []DashTimeout `json:"timeouts"`
+}
+
+// DashTimeout is one task the sweeper timed out, with its evidence: the
+// limit it passed, its claim, its last progress, its deadline and the
+// database's clock at the decision (all database time).
+type DashTimeout struct {
+	TaskID     uuid.UUID   `json:"task_id"`
+	Job        string      `json:"job"`
+	RoomID     string      `json:"room_id"`
+	WorkerID   *uuid.UUID  `json:"worker_id"`
+	Limit      string      `json:"limit"`
+	Seconds    int         `json:"seconds"`
+	Outcome    string      `json:"outcome"`
+	Attempt    int         `json:"attempt"`
+	ClaimedAt  events.Time `json:"claimed_at"`
+	ProgressAt events.Time `json:"progress_at"`
+	DeadlineAt events.Time `json:"deadline_at"`
+	DBNow      events.Time `json:"db_now"`
 }
 
 // DashSettings are the thresholds the page shows next to the evidence.
@@ -261,6 +282,9 @@ func (s *Service) Dashboard(ctx context.Context) (Dashboard, error) {
 		for _, pc := range pcs {
 			d.CleanupCounts[pc.Path] = pc.N
 		}
+		if d.Timeouts, err = dashTimeouts(q); err != nil {
+			return err
+		}
 		ns, err := q.ListNodes()
 		if err != nil {
 			return err
@@ -290,6 +314,26 @@ func dashTasks(q *models.Q, status string, limit int) ([]Task, error) {
 		out[i] = taskView(t)
 		out[i].Payload = nil // the dashboard never shows payloads
 		out[i].Result = nil
+	}
+	return out, nil
+}
+
+// dashTimeouts reads the latest timeouts from their audit rows.
+func dashTimeouts(q *models.Q) ([]DashTimeout, error) {
+	es, err := q.ListAuditLog(AuditTaskTimeout, DashCleanups)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]DashTimeout, 0, len(es))
+	for _, e := range es {
+		var v DashTimeout // the audit detail has the same fields
+		if err := json.Unmarshal([]byte(e.Detail), &v); err != nil {
+			return nil, fmt.Errorf("read timeout audit %s: %w", e.ID, err)
+		}
+		if e.SubjectID != nil {
+			v.TaskID = *e.SubjectID
+		}
+		out = append(out, v)
 	}
 	return out, nil
 }

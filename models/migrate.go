@@ -543,6 +543,7 @@ END $$`,
 		// task's deadline_at from them on the database clock, and a progress
 		// report moves it. The sweeper finds the earliest deadline of the
 		// held tasks on the partial index: an idle sweep reads one entry.
+		// The dashboard reads the latest timeouts' audit rows by action.
 		postgres: `
 ALTER TABLE jobs ADD COLUMN task_timeout integer;
 ALTER TABLE jobs ADD COLUMN heartbeat_timeout integer;
@@ -555,6 +556,7 @@ ALTER TABLE tasks ADD COLUMN progress_total double precision;
 ALTER TABLE tasks ADD COLUMN progress_message text;
 ALTER TABLE tasks ADD COLUMN progress_at timestamptz;
 CREATE INDEX tasks_deadline_idx ON tasks (deadline_at) WHERE status IN ('claimed', 'running');
+CREATE INDEX audit_log_action_idx ON audit_log (action, seq);
 `,
 		sqlite: `
 ALTER TABLE jobs ADD COLUMN task_timeout INTEGER;
@@ -568,6 +570,7 @@ ALTER TABLE tasks ADD COLUMN progress_total REAL;
 ALTER TABLE tasks ADD COLUMN progress_message TEXT;
 ALTER TABLE tasks ADD COLUMN progress_at TEXT;
 CREATE INDEX tasks_deadline_idx ON tasks (deadline_at) WHERE status IN ('claimed', 'running');
+CREATE INDEX audit_log_action_idx ON audit_log (action, seq);
 `,
 	},
 }

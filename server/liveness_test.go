@@ -111,7 +111,19 @@ func TestProgressOverRESTAndSocket(t *testing.T) {
 		if a := w.call("task_progress", map[string]any{"task_id": id, "current": "x"}); a["status"] != float64(422) {
 			t.Fatalf("bad task_progress: %v", a)
 		}
-		e.do(e.alice, "PATCH", api+"/tasks/"+id, map[string]any{"progress": "half"}).problem(422, "validation-error")
+		// A bare number is the current value; a value of another kind is
+		// ignored, as unknown fields always were.
+		if r := e.do(e.alice, "PATCH", api+"/tasks/"+id, map[string]any{"progress": 7}).want(200).M(); r["progress"].(map[string]any)["current"] != float64(7) {
+			t.Fatalf("bare number progress %v", r["progress"])
+		}
+		e.do(e.alice, "PATCH", api+"/tasks/"+id, map[string]any{"progress": "half"}).problem(422, "validation-error") // no status either
+		// A superuser's status override carrying progress: the override
+		// applies, the progress (not the holder's owner's) is dropped.
+		other := e.submit(e.bob, "prog", "prog:modifiers:Job", nil)
+		e.claim(e.alice, wid)
+		if r := e.do(e.admin, "PATCH", api+"/tasks/"+other, map[string]any{"status": "running", "progress": map[string]any{"current": 1}}).want(200).M(); r["progress"] != nil {
+			t.Fatalf("override with progress %v", r)
+		}
 		e.do(e.alice, "PATCH", api+"/tasks/"+uuid.NewString(), map[string]any{"progress": map[string]any{}}).problem(404, "task-not-found")
 		e.patch(e.alice, id, "completed").want(200)
 		e.do(e.alice, "PATCH", api+"/tasks/"+id, map[string]any{"progress": map[string]any{"current": 10}}).problem(409, "invalid-task-transition")
@@ -161,6 +173,22 @@ func TestCancelReachesTheHoldingWorker(t *testing.T) {
 		}
 		if got := len(w.eventsNamed("task_cancelled")); got != 3 {
 			t.Fatalf("%d task_cancelled, want 3", got)
+		}
+		// The dashboard lists the timeout among the cleanups, with its
+		// evidence (database time throughout).
+		d := e.do(e.admin, "GET", api+"/dashboard", nil).want(200).M()
+		tos, _ := d["timeouts"].([]any)
+		if len(tos) != 1 {
+			t.Fatalf("dashboard timeouts %v", d["timeouts"])
+		}
+		to := tos[0].(map[string]any)
+		if to["task_id"] != timed || to["limit"] != "task_timeout" || to["seconds"] != float64(1) || to["outcome"] != "failed" ||
+			to["worker_id"] != wid || to["job"] != "cx:modifiers:Job" || to["progress_at"] != nil {
+			t.Fatalf("dashboard timeout %v", to)
+		}
+		claimedAt, dbNow := wantTime(t, "claimed_at", to["claimed_at"]), wantTime(t, "db_now", to["db_now"])
+		if late := dbNow.Sub(claimedAt); late < time.Second || late > time.Minute {
+			t.Fatalf("evidence: judged %s after the claim", late)
 		}
 	})
 }

@@ -627,18 +627,26 @@ func (s *Server) updateTask(w http.ResponseWriter, r *http.Request) {
 		Error  *string         `json:"error"`
 		Result json.RawMessage `json:"result"`
 		// Progress is the holder's progress report, alone or with a status.
-		Progress *joblib.Progress `json:"progress"`
+		Progress json.RawMessage `json:"progress"`
 	}
 	if !s.decodeBody(w, r, &b) {
 		return
 	}
-	if b.Progress != nil {
-		if err := s.svc.ReportProgress(r.Context(), p, id, *b.Progress); err != nil || b.Status == nil {
+	if pr, ok := progressOf(b.Progress); ok {
+		err := s.svc.ReportProgress(r.Context(), p, id, pr)
+		if b.Status == nil {
 			var task joblib.Task
 			if err == nil {
 				task, err = s.svc.GetTask(r.Context(), id)
 			}
 			s.answer(w, r, http.StatusOK, task, err)
+			return
+		}
+		// With a status, the transition decides the answer: a progress the
+		// task does not take (a superuser's override, a task that is not
+		// held) is dropped, as before progress existed.
+		if _, refused := joblib.AsError(err); err != nil && !refused {
+			s.fail(w, r, err)
 			return
 		}
 	}
@@ -648,6 +656,30 @@ func (s *Server) updateTask(w http.ResponseWriter, r *http.Request) {
 	}
 	task, err := s.svc.UpdateTaskResult(r.Context(), p, id, *b.Status, b.Error, b.Result)
 	s.answer(w, r, http.StatusOK, task, err)
+}
+
+// progressOf reads the "progress" of a task update: an object {current,
+// total, message}, or a bare number taken as current. Any other value is
+// ignored, as every field the server did not know was before progress
+// existed.
+func progressOf(raw json.RawMessage) (joblib.Progress, bool) {
+	var pr joblib.Progress
+	t := bytes.TrimSpace(raw)
+	if len(t) == 0 {
+		return pr, false
+	}
+	switch t[0] {
+	case '{':
+		return pr, json.Unmarshal(t, &pr) == nil
+	case '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9':
+		var n float64
+		if json.Unmarshal(t, &n) != nil {
+			return pr, false
+		}
+		pr.Current = &n
+		return pr, true
+	}
+	return pr, false
 }
 
 // --- health
