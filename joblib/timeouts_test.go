@@ -71,6 +71,7 @@ func TestSweepTimesOutStuckTasksByDatabaseClock(t *testing.T) {
 		}
 		b.ageClaims(59*time.Second, a)
 		b.ageClaims(29*time.Second, bt)
+		b.must(b.svc.ReportProgress(b.ctx, b.alice, bt, joblib.Progress{Current: num(1)}))
 		b.rec.take()
 		rep, err := b.svc.Sweep(b.ctx, joblib.SweepParams{})
 		b.must(err)
@@ -146,6 +147,9 @@ func TestSweepTimesOutStuckTasksByDatabaseClock(t *testing.T) {
 		// The requeued task's second attempt is its last: it fails.
 		if got := b.claim(wb); got != bt {
 			t.Fatalf("claimed %s, want the requeued %s", got, bt)
+		}
+		if tk := b.task(bt); tk.ProgressAt.Valid() || tk.ProgressCurrent != nil {
+			t.Fatalf("a new attempt kept the last attempt's progress: %v", tk.ProgressCurrent)
 		}
 		b.ageClaims(31*time.Second, bt)
 		_, err = b.svc.Sweep(b.ctx, joblib.SweepParams{})

@@ -120,7 +120,8 @@ var claimSQL = `WITH w AS (
 ), u AS (
 	UPDATE tasks t SET status = CASE WHEN $10 THEN 'running' ELSE 'claimed' END, worker_id = $1, attempt = t.attempt + 1,
 		claimed_at = now(), started_at = CASE WHEN $10 THEN now() ELSE t.started_at END, updated_at = now(),
-		deadline_at = now() + LEAST(t.task_timeout, t.heartbeat_timeout) * interval '1 second'
+		deadline_at = now() + LEAST(t.task_timeout, t.heartbeat_timeout) * interval '1 second',
+		progress_current = NULL, progress_total = NULL, progress_message = NULL, progress_at = NULL
 	WHERE t.id = ANY(ARRAY(SELECT id FROM picked))
 	RETURNING t.*
 )` + claimOutbox + `

@@ -120,6 +120,9 @@ func (q *Q) ListTasks(f TaskFilter, p Page) ([]Task, int64, error) {
 	return ts, total, nil
 }
 
+// noProgress clears a task's progress: a claim starts a new attempt.
+const noProgress = "progress_current = NULL, progress_total = NULL, progress_message = NULL, progress_at = NULL"
+
 // ClaimTask is ClaimTasks for one task; ok is false when nothing is claimable.
 func (q *Q) ClaimTask(workerID uuid.UUID) (Task, bool, error) {
 	ts, err := q.ClaimTasks(workerID, 1, false)
@@ -146,7 +149,7 @@ func (q *Q) ClaimTasks(workerID uuid.UUID, limit int, start bool) ([]Task, error
 		to = "status = 'running', started_at = " + q.now()
 	}
 	var ids []uuid.UUID
-	err := q.g.Raw("UPDATE tasks SET "+to+", worker_id = ?, attempt = attempt + 1, claimed_at = "+q.now()+", updated_at = "+q.now()+", deadline_at = "+q.claimDeadline()+
+	err := q.g.Raw("UPDATE tasks SET "+to+", worker_id = ?, attempt = attempt + 1, claimed_at = "+q.now()+", updated_at = "+q.now()+", deadline_at = "+q.claimDeadline()+", "+noProgress+
 		" WHERE id IN (SELECT t.id FROM tasks t WHERE t.status = 'pending' AND t.job_id IN"+
 		" (SELECT l.job_id FROM worker_job_links l JOIN jobs j ON j.id = l.job_id WHERE l.worker_id = ? AND j.room_id <> '@internal')"+
 		" ORDER BY t.seq LIMIT ?"+lock+") RETURNING id", workerID, workerID, limit).Scan(&ids).Error
