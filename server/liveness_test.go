@@ -216,3 +216,25 @@ func TestTaskCancelledReachesWorkerOnAnotherNode(t *testing.T) {
 	}
 	w.waitEvent("task_cancelled", 3*time.Second, func(m map[string]any) bool { return m["task_id"] == timed })
 }
+
+// task_cancelled reaches a real python-socketio worker, connected to node B,
+// when the task's submitter cancels it through node A.
+func TestTaskCancelledReachesPythonWorkerOnAnotherNode(t *testing.T) {
+	t.Parallel()
+	requirePythonClient(t)
+	a, b := twoNodes(t)
+	wid := a.registerJob(a.alice, "py", "modifiers", "Job")["worker_id"].(string)
+	_, _, lines := pythonProcess(t, "joblib_cancel_worker.py", "JOBLIB_URL="+b.url, "TOKEN="+b.alice, "JOB_NAME=py:modifiers:Job", "WORKER_ID="+wid)
+	id := a.submit(a.bob, "py", "py:modifiers:Job", nil)
+	a.claim(a.alice, wid)
+	a.patch(a.bob, id, "cancelled").want(200)
+	want := `task_cancelled {"reason": "cancelled by bob", "task_id": "` + id + `"}`
+	select {
+	case l := <-lines:
+		if l != want {
+			t.Fatalf("the worker printed %q, want %q", l, want)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no task_cancelled reached the python worker within 5s")
+	}
+}
