@@ -375,11 +375,13 @@ func (b *joblibBench) holdTasks() error {
 // reportProgress sends -progress-rate progress reports per second, spread
 // over the held tasks, until stop is closed; it returns how many it sent.
 func (b *joblibBench) reportProgress(stop <-chan struct{}) func() (int64, error) {
-	const senders = 8
+	// Enough senders that each waits 50 ms between reports: a report's
+	// latency under load does not cap the rate.
+	senders := max(8, b.o.progressRate/20)
 	var sent atomic.Int64
 	var failed atomic.Value
 	var wg sync.WaitGroup
-	every := time.Second * senders / time.Duration(b.o.progressRate)
+	every := time.Second * time.Duration(senders) / time.Duration(b.o.progressRate)
 	for s := range senders {
 		wg.Go(func() {
 			tick := time.NewTicker(every)
