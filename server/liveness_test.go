@@ -5,7 +5,9 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/zndraw/joblib/internal/dbtest"
 	"github.com/zndraw/joblib/joblib"
+	"github.com/zndraw/joblib/models"
 )
 
 // Task limits on the wire: a job's task_timeout, heartbeat_timeout and
@@ -237,4 +239,39 @@ func TestTaskCancelledReachesPythonWorkerOnAnotherNode(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("no task_cancelled reached the python worker within 5s")
 	}
+}
+
+// A hung task's end reaches a UI within one sweep interval of its deadline:
+// the sweeper runs as serve runs it, the worker stays alive through its
+// socket, and the UI receives the failed task_status_event.
+func TestTimeoutReachesUIWithinASweepInterval(t *testing.T) {
+	t.Parallel()
+	const interval = 200 * time.Millisecond
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		e := setup(t, db, withRealtime(realtimeCfg()), withSettings(func(s *joblib.Settings) {
+			s.WorkerTimeout, s.SweeperInterval = time.Second, interval
+		}))
+		sw := joblib.NewSweeper(e.svc, joblib.SweeperConfig{Jitter: -1, Probe: 50 * time.Millisecond, Leader: db.NewSessionLock("sweeper-" + uuid.NewString())})
+		if err := sw.Start(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(sw.Stop)
+		wid := e.registerJob(e.alice, "ui", "modifiers", "Job", map[string]any{"task_timeout": 2})["worker_id"].(string)
+		w := mustDialSIO(t, e.url, e.alice)
+		w.mustCall("join_job_room", map[string]any{"job_name": "ui:modifiers:Job", "worker_id": wid})
+		ui := mustDialSIO(t, e.url, e.bob)
+		ui.mustCall("join_room", map[string]any{"room_id": "ui"})
+		id := e.submit(e.bob, "ui", "ui:modifiers:Job", nil)
+		deadline := wantTime(t, "deadline_at", e.claim(e.alice, wid)["deadline_at"])
+		ui.waitEvent("task_status_event", 10*time.Second, func(m map[string]any) bool { return m["id"] == id && m["status"] == "failed" })
+		late := time.Since(deadline)
+		t.Logf("deadline -> task_status_event at the UI: %s (sweep interval %s)", late, interval)
+		if late > interval+time.Second {
+			t.Fatalf("the UI heard of the timeout %s after the deadline", late)
+		}
+		w.waitEvent("task_cancelled", time.Second, func(m map[string]any) bool { return m["task_id"] == id })
+		if _, err := e.db.Q(t.Context()).GetWorker(uuid.MustParse(wid)); err != nil {
+			t.Fatalf("the live worker: %v", err)
+		}
+	})
 }
