@@ -94,23 +94,7 @@ func TestRunHandlerCancelledByServer(t *testing.T) {
 func TestRunHandlerCancelledFromAnotherNode(t *testing.T) {
 	t.Parallel()
 	url := dbtest.URL(t, models.Postgres)
-	node := func(name string) (*models.DB, events.Bus) {
-		ctx := context.Background()
-		db, err := models.Open(ctx, url, models.OpenOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { db.Close() })
-		if _, err := db.Migrate(ctx); err != nil {
-			t.Fatal(err)
-		}
-		bus := events.NewPGBus(db.Pool, name, nil)
-		if err := bus.Start(ctx); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(bus.Stop)
-		return db, bus
-	}
+	node := func(name string) (*models.DB, events.Bus) { return dbtest.Node(t, url, name) }
 	listen := func() net.Listener {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/zndraw/joblib/internal/dbtest"
 	"github.com/zndraw/joblib/models"
 )
 
@@ -15,15 +14,7 @@ import (
 // timed out, nor refused a report, and one claimed 61 s ago is all three.
 func TestTaskDeadlinesIgnoreProcessClock(t *testing.T) {
 	t.Parallel()
-	cases := []struct {
-		name string
-		open func(t *testing.T) *models.DB
-	}{
-		{"postgres-db-ahead", func(t *testing.T) *models.DB { return skewedPostgres(t, time.Hour) }},
-		{"postgres-db-behind", func(t *testing.T) *models.DB { return skewedPostgres(t, -time.Hour) }},
-		{"sqlite", func(t *testing.T) *models.DB { return dbtest.Open(t, models.SQLite) }},
-	}
-	for _, c := range cases {
+	for _, c := range skewCases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			db := c.open(t)
