@@ -22,8 +22,8 @@ const MaxProgressMessage = 1024
 // always with the latest value; the last progress before the task's
 // terminal status event is published before it. Only the owner of the
 // holding worker may report (403); a task not claimed or running, or past
-// its deadline, answers 409.
-func (s *Service) ReportProgress(ctx context.Context, p Principal, id uuid.UUID, pr Progress) error {
+// its deadline, answers 409. It returns the task as it is now.
+func (s *Service) ReportProgress(ctx context.Context, p Principal, id uuid.UUID, pr Progress) (Task, error) {
 	if pr.Message != nil && len(*pr.Message) > MaxProgressMessage {
 		m := *pr.Message
 		cut := MaxProgressMessage
@@ -33,18 +33,19 @@ func (s *Service) ReportProgress(ctx context.Context, p Principal, id uuid.UUID,
 		m = m[:cut]
 		pr.Message = &m
 	}
-	row, ok, err := s.db.Q(ctx).ReportProgress(id, p.ID, models.Progress{Current: pr.Current, Total: pr.Total, Message: pr.Message})
+	t, ok, err := s.db.Q(ctx).ReportProgress(id, p.ID, models.Progress{Current: pr.Current, Total: pr.Total, Message: pr.Message})
 	if err != nil {
-		return err
+		return Task{}, err
 	}
 	if !ok {
-		return s.progressRefused(ctx, p, id)
+		return Task{}, s.progressRefused(ctx, p, id)
 	}
+	v := taskView(t)
 	s.progress.report(events.TaskProgressEvent{
-		ID: row.ID.String(), RoomID: row.RoomID, JobName: row.JobName,
-		Current: pr.Current, Total: pr.Total, Message: pr.Message, ProgressAt: wireTime(row.ProgressAt),
+		ID: v.ID.String(), RoomID: v.RoomID, JobName: v.JobName,
+		Current: pr.Current, Total: pr.Total, Message: pr.Message, ProgressAt: v.ProgressAt,
 	})
-	return nil
+	return v, nil
 }
 
 // progressRefused tells why a progress report changed nothing.

@@ -15,6 +15,13 @@ import (
 
 func num(f float64) *float64 { return &f }
 
+// progress reports a task's progress as principal p; a refusal fails the test.
+func (b *bundle) progress(p joblib.Principal, id uuid.UUID, pr joblib.Progress) {
+	b.t.Helper()
+	_, err := b.svc.ReportProgress(b.ctx, p, id, pr)
+	b.must(err)
+}
+
 // progressEvents lists the task_progress_event emissions of a task, in order.
 func progressEvents(ems []events.Emission, id uuid.UUID) []events.TaskProgressEvent {
 	var out []events.TaskProgressEvent
@@ -68,7 +75,7 @@ func TestHungWorkerTaskTimesOutWhileProgressKeepsTaskAlive(t *testing.T) {
 		for {
 			el := time.Since(start)
 			if reporting && el < 3500*time.Millisecond {
-				b.must(b.svc.ReportProgress(b.ctx, b.alice, busy, joblib.Progress{Current: num(el.Seconds()), Total: num(4)}))
+				b.progress(b.alice, busy, joblib.Progress{Current: num(el.Seconds()), Total: num(4)})
 				lastReport = time.Now()
 			} else {
 				reporting = false
@@ -119,7 +126,7 @@ func TestProgressCoalescedKeepsLatestAndPrecedesEnd(t *testing.T) {
 		report := func(n float64) {
 			b.t.Helper()
 			msg := "step"
-			b.must(b.svc.ReportProgress(b.ctx, b.alice, id, joblib.Progress{Current: num(n), Total: num(100), Message: &msg}))
+			b.progress(b.alice, id, joblib.Progress{Current: num(n), Total: num(100), Message: &msg})
 		}
 		began := time.Now()
 		for n := 1; n <= 20; n++ {
@@ -172,13 +179,13 @@ func TestProgressCoalescedKeepsLatestAndPrecedesEnd(t *testing.T) {
 			t.Fatalf("progress published after the end: %+v", evs)
 		}
 		// Not claimed or running any more: 409; someone else's: 403.
-		if err := b.svc.ReportProgress(b.ctx, b.alice, id, joblib.Progress{}); !joblib.IsCode(err, joblib.CodeInvalidTaskTransition) {
+		if _, err := b.svc.ReportProgress(b.ctx, b.alice, id, joblib.Progress{}); !joblib.IsCode(err, joblib.CodeInvalidTaskTransition) {
 			t.Fatalf("progress on a completed task: %v", err)
 		}
 		other := b.submit(jobSpec{name: "a"})
 		_, err = b.svc.ClaimTasks(b.ctx, b.alice, w, 1, true)
 		b.must(err)
-		if err := b.svc.ReportProgress(b.ctx, b.admin, other, joblib.Progress{}); !joblib.IsCode(err, joblib.CodeForbidden) {
+		if _, err := b.svc.ReportProgress(b.ctx, b.admin, other, joblib.Progress{}); !joblib.IsCode(err, joblib.CodeForbidden) {
 			t.Fatalf("progress by another user: %v", err)
 		}
 	})

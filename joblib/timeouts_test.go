@@ -71,7 +71,7 @@ func TestSweepTimesOutStuckTasksByDatabaseClock(t *testing.T) {
 		}
 		b.ageClaims(59*time.Second, a)
 		b.ageClaims(29*time.Second, bt)
-		b.must(b.svc.ReportProgress(b.ctx, b.alice, bt, joblib.Progress{Current: num(1)}))
+		b.progress(b.alice, bt, joblib.Progress{Current: num(1)})
 		b.rec.take()
 		rep, err := b.svc.Sweep(b.ctx, joblib.SweepParams{})
 		b.must(err)

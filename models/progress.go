@@ -2,6 +2,7 @@ package models
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/google/uuid"
 )
@@ -14,20 +15,13 @@ type Progress struct {
 	Message *string
 }
 
-// ProgressRow is a task whose progress ReportProgress recorded.
-type ProgressRow struct {
-	ID         uuid.UUID
-	RoomID     string
-	JobName    string
-	ProgressAt Time
-}
-
 // ReportProgress records the progress of a claimed or running task held by
 // a worker of user's, that is not past its deadline and was not taken from
 // a lost worker, and moves its deadline (heartbeat_timeout counts again from
-// now), in one statement. ok is false when no such task exists (the caller
-// finds out why).
-func (q *Q) ReportProgress(id, userID uuid.UUID, p Progress) (ProgressRow, bool, error) {
+// now), and returns the task as the API shows it: one statement on
+// PostgreSQL. ok is false when no such task exists (the caller finds out
+// why).
+func (q *Q) ReportProgress(id, userID uuid.UUID, p Progress) (Task, bool, error) {
 	set := "progress_current = ?, progress_total = ?, progress_message = ?, progress_at = " + q.now() +
 		", deadline_at = " + q.progressDeadline() + ", updated_at = " + q.now()
 	owner := "SELECT 1 FROM workers w WHERE w.id = tasks.worker_id AND w.user_id = ?"
@@ -37,22 +31,28 @@ func (q *Q) ReportProgress(id, userID uuid.UUID, p Progress) (ProgressRow, bool,
 	where := " WHERE tasks.id = ? AND tasks.status IN ('claimed', 'running') AND " + q.beforeDeadline() +
 		" AND (tasks.lost_worker_id IS NULL OR tasks.worker_id <> tasks.lost_worker_id)" +
 		" AND EXISTS (" + owner + ")"
-	var rows []ProgressRow
-	var err error
+	var ts []Task
 	if q.d == Postgres {
-		err = q.g.Raw("UPDATE tasks SET "+set+" FROM jobs j"+where+" AND j.id = tasks.job_id"+
-			" RETURNING tasks.id, tasks.room_id, j.room_id || ':' || j.category || ':' || j.name AS job_name, tasks.progress_at",
-			p.Current, p.Total, p.Message, id, userID).Scan(&rows).Error
-	} else {
-		err = q.g.Raw("UPDATE tasks SET "+set+where+
-			" RETURNING id, room_id, (SELECT j.room_id || ':' || j.category || ':' || j.name FROM jobs j WHERE j.id = tasks.job_id) AS job_name, progress_at",
-			p.Current, p.Total, p.Message, id, userID).Scan(&rows).Error
+		// The changed row with its job's columns, as taskSelect reads it
+		// (a held task has no queue position).
+		ret := strings.ReplaceAll(taskCols, "t.", "tasks.")
+		err := q.g.Raw("UPDATE tasks SET "+set+" FROM jobs j"+where+" AND j.id = tasks.job_id RETURNING "+ret+", NULL::bigint AS queue_position",
+			p.Current, p.Total, p.Message, id, userID).Scan(&ts).Error
+		if err != nil {
+			return Task{}, false, fmt.Errorf("record task progress: %w", mapErr(err))
+		}
+		if len(ts) == 0 {
+			return Task{}, false, nil
+		}
+		return ts[0], true, nil
 	}
-	if err != nil {
-		return ProgressRow{}, false, fmt.Errorf("record task progress: %w", mapErr(err))
+	res := q.g.Exec("UPDATE tasks SET "+set+where, p.Current, p.Total, p.Message, id, userID)
+	if res.Error != nil {
+		return Task{}, false, fmt.Errorf("record task progress: %w", mapErr(res.Error))
 	}
-	if len(rows) == 0 {
-		return ProgressRow{}, false, nil
+	if res.RowsAffected == 0 {
+		return Task{}, false, nil
 	}
-	return rows[0], true, nil
+	t, err := q.GetTask(id)
+	return t, err == nil, err
 }

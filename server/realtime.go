@@ -552,7 +552,7 @@ func (rt *Realtime) taskProgress(ctx context.Context, st *connState, args []json
 	if err != nil {
 		return ack{Status: 422, Detail: "task_id must be a UUID"}
 	}
-	if err := rt.svc.ReportProgress(ctx, st.p, id, b.Progress); err != nil {
+	if _, err := rt.svc.ReportProgress(ctx, st.p, id, b.Progress); err != nil {
 		return errAck(err)
 	}
 	return ack{OK: true}

@@ -633,12 +633,8 @@ func (s *Server) updateTask(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if pr, ok := progressOf(b.Progress); ok {
-		err := s.svc.ReportProgress(r.Context(), p, id, pr)
+		task, err := s.svc.ReportProgress(r.Context(), p, id, pr)
 		if b.Status == nil {
-			var task joblib.Task
-			if err == nil {
-				task, err = s.svc.GetTask(r.Context(), id)
-			}
 			s.answer(w, r, http.StatusOK, task, err)
 			return
 		}
