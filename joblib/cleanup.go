@@ -235,7 +235,10 @@ type SweepReport struct {
 	// StuckInternal are the @internal tasks failed (or that would be) for
 	// running longer than Settings.InternalTaskTimeout.
 	StuckInternal []Task
-	Took          time.Duration
+	// TimedOut are the tasks failed or requeued for passing their
+	// deadline (task_timeout or heartbeat_timeout).
+	TimedOut []TimedOutTask
+	Took     time.Duration
 }
 
 // sweepLanes is how many batch transactions a sweep runs at once. Two keep
@@ -251,7 +254,8 @@ var errRollback = errors.New("dry run: roll back")
 // transaction each, sweepLanes at a time, rows skipped while another
 // transaction holds them), then
 // fails @internal tasks stuck past Settings.InternalTaskTimeout (contract
-// §6.5). Each batch's events are published after its commit.
+// §6.5), then times out tasks past their deadline (TimeOutTasks). Each
+// batch's events are published after its commit.
 func (s *Service) Sweep(ctx context.Context, p SweepParams) (SweepReport, error) {
 	st := s.Settings()
 	start := time.Now()
@@ -268,7 +272,7 @@ func (s *Service) Sweep(ctx context.Context, p SweepParams) (SweepReport, error)
 	if err != nil {
 		return rep, err
 	}
-	if !probe.Stale && !probe.Stuck {
+	if !probe.Stale && !probe.Stuck && !probe.TimedOut {
 		rep.Took = time.Since(start)
 		return rep, nil
 	}
@@ -327,6 +331,14 @@ func (s *Service) Sweep(ctx context.Context, p SweepParams) (SweepReport, error)
 	if probe.Stuck {
 		stuck, err := s.failStuckInternal(ctx, st.InternalTaskTimeout)
 		rep.StuckInternal = stuck
+		if err != nil {
+			rep.Took = time.Since(start)
+			return rep, err
+		}
+	}
+	if probe.TimedOut {
+		timedOut, err := s.TimeOutTasks(ctx, &rep.SweepID)
+		rep.TimedOut = timedOut
 		if err != nil {
 			rep.Took = time.Since(start)
 			return rep, err

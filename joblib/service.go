@@ -32,6 +32,7 @@ type Service struct {
 	relay     *relay
 	cache     ResultCache
 	rates     rateLimits
+	progress  *progressCoalescer
 
 	node        Node
 	fpObservers []func(FalsePositive)
@@ -70,6 +71,7 @@ func New(cfg Config) *Service {
 	cfg.Settings.InternalWorkers = cmp.Or(cfg.Settings.InternalWorkers, def.InternalWorkers)
 	cfg.Settings.TaskRetentionBatch = cmp.Or(cfg.Settings.TaskRetentionBatch, def.TaskRetentionBatch)
 	cfg.Settings.NodeLeaseTimeout = cmp.Or(cfg.Settings.NodeLeaseTimeout, def.NodeLeaseTimeout)
+	cfg.Settings.TaskProgressRate = cmp.Or(cfg.Settings.TaskProgressRate, def.TaskProgressRate)
 	if cfg.ResultCache == nil {
 		cfg.ResultCache = DefaultResultCache(cfg.DB, cfg.Logger, cfg.Settings.ResultCacheBudget())
 	}
@@ -84,6 +86,7 @@ func New(cfg Config) *Service {
 		cache:    cfg.ResultCache,
 		rates:    newRateLimits(cfg.Settings),
 	}
+	s.progress = newProgressCoalescer(s.publishNow, func() float64 { return s.Settings().TaskProgressRate })
 	s.runner = newInternalRunner(s)
 	s.relay = newRelay(s)
 	s.node = cfg.Node

@@ -235,7 +235,7 @@ func (sw *Sweeper) tick(ctx context.Context) {
 		sw.log.Error("sweep capped: too many workers are stale at once; acting on none (joblib sweep --fix acts)",
 			"stale", rep.StaleWorkers, "total", rep.TotalWorkers, "max_fraction", st.SweepMaxFraction, "sweep_id", rep.SweepID)
 		sw.emit(SweepEvent{Outcome: SweepCapped, Report: rep})
-	case rep.Result.Cleaned > 0 || len(rep.StuckInternal) > 0:
+	case rep.Result.Cleaned > 0 || len(rep.StuckInternal) > 0 || len(rep.TimedOut) > 0:
 		sw.emit(SweepEvent{Outcome: SweepActed, Report: rep})
 	default:
 		sw.emit(SweepEvent{Outcome: SweepIdle, Report: rep})

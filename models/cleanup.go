@@ -516,14 +516,22 @@ type SweepProbe struct {
 	// Stuck: some @internal task is claimed or running for longer than
 	// the internal task timeout (FailStuckInternalTasks would fail it).
 	Stuck bool
+	// TimedOut: some claimed or running task is past its deadline
+	// (TimeOutTasks would time it out).
+	TimedOut bool
 }
+
+// earliestDeadlineSQL is the earliest deadline of a held task: the first
+// entry of the partial index tasks_deadline_idx.
+const earliestDeadlineSQL = "SELECT min(t.deadline_at) FROM tasks t WHERE t.status IN ('claimed', 'running')"
 
 // ProbeSweep answers SweepProbe in one read-only statement, so an idle
 // sweep costs one round trip. Both tests compare a minimum with the
 // threshold, so the plan never depends on the threshold's value: the oldest
 // heartbeat is the first entry of the index on last_heartbeat, and the
 // oldest claimed or running @internal task is found per @internal job on the
-// (job_id, status, seq) index. (An EXISTS with the threshold in its WHERE
+// (job_id, status, seq) index; the earliest deadline of a held task is the
+// first entry of the partial index on deadline_at. (An EXISTS with the threshold in its WHERE
 // clause gets a generic plan that scans every worker when none is stale.)
 func (q *Q) ProbeSweep(staleAfter, internalTimeout time.Duration) (SweepProbe, error) {
 	staleExpr, staleArg := q.before(staleAfter)
@@ -531,7 +539,8 @@ func (q *Q) ProbeSweep(staleAfter, internalTimeout time.Duration) (SweepProbe, e
 	var p SweepProbe
 	err := q.g.Raw("SELECT COALESCE((SELECT min(last_heartbeat) FROM workers) < "+staleExpr+", false) AS stale,"+
 		" COALESCE((SELECT min((SELECT min(COALESCE(t.started_at, t.created_at)) FROM tasks t WHERE t.job_id = j.id AND t.status IN ('claimed', 'running')))"+
-		" FROM jobs j WHERE j.room_id = '@internal') < "+stuckExpr+", false) AS stuck", staleArg, stuckArg).Scan(&p).Error
+		" FROM jobs j WHERE j.room_id = '@internal') < "+stuckExpr+", false) AS stuck,"+
+		" COALESCE(("+earliestDeadlineSQL+") < "+q.now()+", false) AS timed_out", staleArg, stuckArg).Scan(&p).Error
 	if err != nil {
 		return p, fmt.Errorf("probe sweep: %w", mapErr(err))
 	}

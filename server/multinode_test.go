@@ -171,21 +171,7 @@ func TestBusGapInvalidatesAndWakes(t *testing.T) {
 // and starts its NOTIFY bus; both are closed when the test ends.
 func pgNode(t *testing.T, url, name string) (*models.DB, *events.PGBus) {
 	t.Helper()
-	ctx := context.Background()
-	db, err := models.Open(ctx, url, models.OpenOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	if _, err := db.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	bus := events.NewPGBus(db.Pool, name, nil)
-	if err := bus.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(bus.Stop)
-	return db, bus
+	return dbtest.Node(t, url, name)
 }
 
 // TestTwoNodesDeliverInCommitOrder: submits on one node racing claims and

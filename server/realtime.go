@@ -466,6 +466,8 @@ func (rt *Realtime) handle(ctx context.Context, s *sio.Socket, st *connState, ev
 		return rt.claimTasks(ctx, st, body.WorkerID, body.Limit, body.Start)
 	case "update_tasks":
 		return rt.updateTasks(ctx, st, body.Updates)
+	case "task_progress":
+		return rt.taskProgress(ctx, st, ev.Args)
 	case "join_room", "leave_room":
 		if body.RoomID == nil {
 			return ack{Status: 422, Detail: "room_id is required"}
@@ -538,6 +540,30 @@ func (rt *Realtime) updateTasks(ctx context.Context, st *connState, raw json.Raw
 	return ack{OK: true, Results: taskUpdateItems(ctx, rt.log, rs)}
 }
 
+// taskProgress is a worker's progress report over its socket
+// (task_progress {task_id, current, total, message}), answered as PATCH
+// /tasks/{id} with {"progress": ...} would be.
+func (rt *Realtime) taskProgress(ctx context.Context, st *connState, args []json.RawMessage) ack {
+	if st.anon {
+		return ack{Status: 401, Detail: "Unauthorized"}
+	}
+	var b struct {
+		TaskID *string `json:"task_id"`
+		joblib.Progress
+	}
+	if len(args) == 0 || json.Unmarshal(args[0], &b) != nil || b.TaskID == nil {
+		return ack{Status: 422, Detail: "task_id is required; current and total are numbers, message a string"}
+	}
+	id, err := uuid.Parse(*b.TaskID)
+	if err != nil {
+		return ack{Status: 422, Detail: "task_id must be a UUID"}
+	}
+	if _, err := rt.svc.ReportProgress(ctx, st.p, id, b.Progress); err != nil {
+		return errAck(err)
+	}
+	return ack{OK: true}
+}
+
 // joinAsWorker authorizes a worker's join (the worker is the caller's, the
 // target exists), joins the room and binds the worker to this socket.
 func (rt *Realtime) joinAsWorker(ctx context.Context, s *sio.Socket, st *connState, rawWorker, room string, exists func() error) ack {
@@ -574,6 +600,11 @@ func (rt *Realtime) joinAsWorker(ctx context.Context, s *sio.Socket, st *connSta
 		rt.bound[wid] = s
 		rt.mu.Unlock()
 		rt.dash.poke()
+		// The worker's own room: task_cancelled for the tasks it holds
+		// reaches this socket from any node.
+		if err := s.Join(events.WorkerRoom(wid.String())); err != nil {
+			return joinErrAck(err)
+		}
 	}
 	if err := s.Join(room); err != nil {
 		return joinErrAck(err)
