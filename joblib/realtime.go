@@ -46,11 +46,17 @@ func (s *Service) CheckProvider(ctx context.Context, p Principal, fullName strin
 }
 
 // KeepAlive refreshes the heartbeat of workers whose sockets are open on this
-// node, in one statement, with the database's clock.
+// node, in one statement, with the database's clock. It refreshes nothing
+// while this node's lease is not known valid (after a stall, until a
+// renewal has asked the database), and the statement itself is fenced by
+// the lease: a node whose lease lapsed keeps nobody alive.
 func (s *Service) KeepAlive(ctx context.Context, ids []uuid.UUID) (int64, error) {
+	if !s.NodeLeaseValid() {
+		return 0, nil
+	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	return s.db.Q(ctx).TouchWorkers(ids)
+	return s.db.Q(ctx).TouchWorkers(ids, s.node.Run)
 }
 
 // DisconnectCleanup are the parameters of the disconnect path for a socket
