@@ -1,0 +1,239 @@
+package main
+
+import (
+	"io"
+	"net/http"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/zndraw/joblib/internal/dbtest"
+	"github.com/zndraw/joblib/models"
+)
+
+// pause stops a process (SIGSTOP) and returns the function that resumes it
+// (SIGCONT). The process is resumed at cleanup in any case, so that the
+// cleanup's kill ends it.
+func pause(t *testing.T, p *proc) (resume func()) {
+	t.Helper()
+	pid := p.cmd.Process.Pid
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	resumed := false
+	resume = func() {
+		if !resumed {
+			resumed = true
+			if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	t.Cleanup(resume)
+	return resume
+}
+
+// leads reports whether the node's metrics say it is the sweeper.
+func leads(p *proc) bool {
+	c := http.Client{Timeout: time.Second}
+	res, err := c.Get("http://" + p.addr + "/metrics")
+	if err != nil {
+		return false
+	}
+	defer res.Body.Close()
+	body, _ := io.ReadAll(res.Body)
+	return strings.Contains(string(body), "\njoblib_sweeper_leader 1\n")
+}
+
+var stalledFor = regexp.MustCompile(`msg="this node stalled longer than its lease; asking the database before it acts".* stalled_for=(\S+)`)
+
+// TestFaultPausedNodes pauses real `joblib serve` processes on one
+// PostgreSQL with SIGSTOP and checks what the fault table of
+// docs/architecture.md promises:
+//
+//   - the sweeper leader paused longer than its lease: the other node leads
+//     within the lease timeout plus one probe, and releases the paused
+//     node's worker (its running task fails, once);
+//   - the paused node resumed: it logs its pause at WARN with its length,
+//     does not lead, cleans nothing (no event for the reaped worker comes
+//     from it), closes its worker sockets and tells its UI rooms to refetch;
+//     every UI sees each task status exactly once;
+//   - a node paused for less than its lease: nothing happens (no
+//     hand-over, no cleanup, no socket closed, no stall logged).
+//
+// Lease timeout 2 s, grace 1 s, worker timeout 60 s: only node loss (never
+// the heartbeat sweep) can fail a task within the test.
+func TestFaultPausedNodes(t *testing.T) {
+	t.Parallel()
+	joblibBinary(t)
+	const lease = 2 * time.Second
+	dbURL := dbtest.URL(t, models.Postgres)
+	token := "jl_faults_" + uuid.NewString()
+	env := func(name string) []string {
+		return []string{"JOBLIB_DATABASE_URL=" + dbURL, "JOBLIB_ADMIN_TOKEN=" + token, "JOBLIB_NODE_ID=" + name,
+			"JOBLIB_NODE_LEASE_TIMEOUT=" + lease.String(), "JOBLIB_DISCONNECT_GRACE=1s", "JOBLIB_SWEEPER_INTERVAL=1s", "JOBLIB_WORKER_TIMEOUT=60s"}
+	}
+	nodes := map[string]*proc{"a": launchServe(t, env("a")...), "b": launchServe(t, env("b")...)}
+	for _, p := range nodes {
+		p.waitListening(t)
+	}
+	L := waitLeader(t, nodes)
+	F := "a"
+	if L == "a" {
+		F = "b"
+	}
+	sio := func(n string) string { return "http://" + nodes[n].addr }
+	base := func(n string) string { return nodes[n].base() }
+
+	const room = "faults"
+	const job = room + ":modifiers:J"
+	ag := startAgent(t)
+	for _, n := range []string{L, F} {
+		ag.connect("ui-"+n, sio(n), token)
+		ag.emit("ui-"+n, "join_room", map[string]any{"room_id": room})
+	}
+	workers := map[string]string{}
+	runningTask := func(n string) string {
+		t.Helper()
+		st, _, w := call(t, "POST", base(n)+"/workers", token, map[string]any{})
+		if st != 201 {
+			t.Fatalf("create worker: %d %v", st, w)
+		}
+		wid := w["id"].(string)
+		workers[n] = wid
+		st, _, body := call(t, "PUT", base(n)+"/rooms/"+room+"/jobs", token, map[string]any{"category": "modifiers", "name": "J", "schema": map[string]any{}, "worker_id": wid})
+		if st != 200 && st != 201 {
+			t.Fatalf("register job: %d %v", st, body)
+		}
+		ag.connect("w-"+n, sio(n), token)
+		ag.emit("w-"+n, "join_job_room", map[string]any{"job_name": job, "worker_id": wid})
+		id := submit(t, base(F), token, room, job)
+		st, _, c := call(t, "POST", base(n)+"/tasks/claim", token, map[string]any{"worker_id": wid})
+		if tk, _ := c["task"].(map[string]any); st != 200 || tk == nil || tk["id"] != id {
+			t.Fatalf("claim: %d %v (want %s)", st, c, id)
+		}
+		if st, _, b := call(t, "PATCH", base(n)+"/tasks/"+id, token, map[string]any{"status": "running"}); st != 200 {
+			t.Fatalf("running: %d %v", st, b)
+		}
+		ag.waitFor("running "+id, 5*time.Second, statusIs("ui-"+F, id, "running"))
+		return id
+	}
+	taskL, taskF := runningTask(L), runningTask(F)
+
+	// 1. The leader paused well past its lease.
+	stopped := time.Now()
+	resume := pause(t, nodes[L])
+	for !leads(nodes[F]) {
+		if time.Since(stopped) > 2*lease+3*time.Second {
+			t.Fatalf("%s did not take the leadership over within %s of the leader's SIGSTOP", F, time.Since(stopped))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	takeover := time.Since(stopped)
+	failed := ag.waitFor("the paused node's task failed", 15*time.Second, statusIs("ui-"+F, taskL, "failed"))
+	released := failed.At.Sub(stopped)
+	if e := failed.field("error"); e != "Worker disconnected" {
+		t.Fatalf("error of the paused node's task: %q", e)
+	}
+	if d := 6*time.Second - time.Since(stopped); d > 0 {
+		time.Sleep(d)
+	}
+	pausedFor := time.Since(stopped)
+	woke := time.Now()
+	resume()
+
+	// 2. Woken: it drops its worker socket, tells its UI room to refetch,
+	// logs the pause and does not lead.
+	drop := ag.waitFor("the woken node closes its worker socket", 10*time.Second, func(e agentEvent) bool {
+		return e.Sock == "w-"+L && e.Event == "$disconnect"
+	})
+	dropped := drop.At.Sub(woke)
+	if drop.Reason != "io server disconnect" {
+		t.Fatalf("worker socket of the woken node closed by %q", drop.Reason)
+	}
+	ag.waitFor("the woken node's UI told to refetch", 10*time.Second, func(e agentEvent) bool {
+		return e.Sock == "ui-"+L && e.Event == "tasks_invalidate" && e.At.After(woke)
+	})
+	waitLog(t, nodes[L], "this node's lease lapsed (it stalled, or another node judged it dead); dropping its sockets and taking a new lease", 5*time.Second)
+	m := stalledFor.FindStringSubmatch(nodes[L].stderr.String())
+	if m == nil {
+		t.Fatalf("the woken node did not log its stall at WARN:\n%s", nodes[L].stderr)
+	}
+	if d, err := time.ParseDuration(m[1]); err != nil || d < pausedFor-lease {
+		t.Fatalf("stall logged as %q, paused for %s", m[1], pausedFor)
+	}
+	// The woken node answers requests again, and exactly one node leads.
+	if st, _, _ := call(t, "GET", base(L)+"/tasks/"+taskF, token, nil); st != 200 {
+		t.Fatalf("the woken node answers %d", st)
+	}
+	// (The leader gauge follows the sweeper's next interval.)
+	for deadline := time.Now().Add(3 * time.Second); leads(nodes[L]); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the woken node still reports leading:\n%s", nodes[L].stderr)
+		}
+	}
+	for range 20 {
+		if leads(nodes[L]) || !leads(nodes[F]) {
+			t.Fatalf("after the wake: %s leads %v, %s leads %v\n%s", L, leads(nodes[L]), F, leads(nodes[F]), nodes[L].stderr)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	// 3. The node now leading paused for a fraction of its lease: nothing
+	// visible happens.
+	resumeF := pause(t, nodes[F])
+	time.Sleep(lease / 4)
+	resumeF()
+	for range 25 {
+		if leads(nodes[L]) {
+			t.Fatalf("%s took the leadership over after a pause of %s shorter than the lease", L, lease/4)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if strings.Contains(nodes[F].stderr.String(), "stalled longer than its lease") {
+		t.Fatalf("a pause shorter than the lease was reported as a stall:\n%s", nodes[F].stderr)
+	}
+	for _, e := range ag.received("w-" + F) {
+		if e.Event == "$disconnect" {
+			t.Fatalf("the worker socket of the node paused briefly closed: %s", e.Reason)
+		}
+	}
+	if st, _, tk := call(t, "GET", base(F)+"/tasks/"+taskF, token, nil); st != 200 || tk["status"] != "running" {
+		t.Fatalf("the task of the node paused briefly: %d %v", st, tk)
+	}
+
+	// Nothing ended twice, and the woken node cleaned nothing.
+	for _, ui := range []string{"ui-" + L, "ui-" + F} {
+		n := 0
+		for _, e := range ag.received(ui) {
+			if e.Event == "task_status_event" && e.field("id") == taskL && e.field("status") == "failed" {
+				n++
+			}
+		}
+		if n != 1 {
+			t.Errorf("%s received the failure of %s %d times", ui, taskL, n)
+		}
+	}
+	for _, msg := range []string{"workers cleaned up", "node lost", "this node is the sweeper"} {
+		if strings.Count(nodes[L].stderr.String(), msg) > map[string]int{"this node is the sweeper": 1}[msg] {
+			t.Errorf("the woken node logged %q:\n%s", msg, nodes[L].stderr)
+		}
+	}
+	db, err := models.Open(t.Context(), dbURL, models.OpenOptions{MaxConns: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	es, err := db.Q(t.Context()).ListCleanupEvents(models.CleanupEventFilter{}, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(es) != 1 || es[0].Path != "node" || es[0].WorkerID.String() != workers[L] {
+		t.Errorf("cleanups: %+v (want one, path node, of %s)", es, workers[L])
+	}
+	t.Logf("fault timings: leader SIGSTOP -> other node leads %s (lease %s); SIGSTOP -> paused node's task failed %s; paused %s; SIGCONT -> worker socket dropped %s",
+		takeover.Round(time.Millisecond), lease, released.Round(time.Millisecond), pausedFor.Round(time.Millisecond), dropped.Round(time.Millisecond))
+}
