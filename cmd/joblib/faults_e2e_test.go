@@ -3,6 +3,7 @@ package main
 import (
 	"io"
 	"net/http"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"syscall"
@@ -236,4 +237,57 @@ func TestFaultPausedNodes(t *testing.T) {
 	}
 	t.Logf("fault timings: leader SIGSTOP -> other node leads %s (lease %s); SIGSTOP -> paused node's task failed %s; paused %s; SIGCONT -> worker socket dropped %s",
 		takeover.Round(time.Millisecond), lease, released.Round(time.Millisecond), pausedFor.Round(time.Millisecond), dropped.Round(time.Millisecond))
+}
+
+// TestFaultPausedSQLiteNode pauses a lone `joblib serve` on SQLite for longer
+// than the worker timeout. Its workers could not heartbeat through the
+// pause; on waking, its leadership lapsed by the database clock, so it
+// leads under a new epoch and the sweep guard starts over: a worker that
+// heartbeats again right after the pause keeps its running task. (Before
+// leadership was a lease, the woken node swept at once and reaped it.)
+func TestFaultPausedSQLiteNode(t *testing.T) {
+	t.Parallel()
+	joblibBinary(t)
+	const token = "jl_faults_sqlite"
+	p := startServe(t, "JOBLIB_DATABASE_URL="+filepath.Join(t.TempDir(), "faults.db"), "JOBLIB_ADMIN_TOKEN="+token,
+		"JOBLIB_WORKER_TIMEOUT=2s", "JOBLIB_SWEEPER_INTERVAL=1s", "JOBLIB_NODE_LEASE_TIMEOUT=1s")
+	base := p.base()
+	st, _, w := call(t, "POST", base+"/workers", token, map[string]any{})
+	if st != 201 {
+		t.Fatalf("create worker: %d %v", st, w)
+	}
+	wid := w["id"].(string)
+	if st, _, b := call(t, "PUT", base+"/rooms/r/jobs", token, map[string]any{"category": "modifiers", "name": "J", "schema": map[string]any{}, "worker_id": wid}); st != 201 {
+		t.Fatalf("register job: %d %v", st, b)
+	}
+	id := submit(t, base, token, "r", "r:modifiers:J")
+	if st, _, c := call(t, "POST", base+"/tasks/claim", token, map[string]any{"worker_id": wid}); st != 200 || c["task"] == nil {
+		t.Fatalf("claim: %d %v", st, c)
+	}
+	if st, _, b := call(t, "PATCH", base+"/tasks/"+id, token, map[string]any{"status": "running"}); st != 200 {
+		t.Fatalf("running: %d %v", st, b)
+	}
+	heartbeat := func() {
+		t.Helper()
+		if st, _, b := call(t, "PATCH", base+"/workers/"+wid, token, nil); st != 200 {
+			t.Fatalf("heartbeat: %d %v\n%s", st, b, p.stderr)
+		}
+	}
+	// The node leads (after a jitter of up to 1 s), and its sweep guard (one
+	// worker timeout) has passed.
+	for end := time.Now().Add(3500 * time.Millisecond); time.Now().Before(end); time.Sleep(300 * time.Millisecond) {
+		heartbeat()
+	}
+	heartbeat()
+	resume := pause(t, p)
+	time.Sleep(3 * time.Second)
+	resume()
+	time.Sleep(200 * time.Millisecond) // the client's retry after its request timed out
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(300 * time.Millisecond) {
+		heartbeat()
+	}
+	if st, _, tk := call(t, "GET", base+"/tasks/"+id, token, nil); st != 200 || tk["status"] != "running" {
+		t.Fatalf("task of the worker that heartbeated again after the pause: %d %v\n%s", st, tk, p.stderr)
+	}
+	waitLog(t, p, "this node's leadership lapsed (it stalled) and was taken anew; destructive sweeps wait again", time.Second)
 }
