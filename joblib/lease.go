@@ -117,63 +117,76 @@ func (l *Lease) state() (bool, int64, <-chan struct{}) {
 	return l.cfg.Now().Before(l.until), l.lost, l.wake
 }
 
+// leaseLoop is the renewal loop's state.
+type leaseLoop struct {
+	every    time.Duration
+	lastOK   time.Time // when the last successful renewal was sent
+	lastWake time.Time // the previous tick
+	failing  bool
+}
+
 func (l *Lease) loop(ctx context.Context, lastOK time.Time) {
-	n := l.svc.node
-	every := max(l.cfg.Timeout/3, 10*time.Millisecond)
-	t := time.NewTicker(every)
+	st := &leaseLoop{every: max(l.cfg.Timeout/3, 10*time.Millisecond), lastOK: lastOK, lastWake: l.cfg.Now()}
+	t := time.NewTicker(st.every)
 	defer t.Stop()
-	failing := false
-	lastWake := l.cfg.Now()
 	for {
 		select {
 		case <-ctx.Done():
 			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			if err := l.svc.db.Q(sctx).ExpireNodeLease(n.Run); err != nil {
+			if err := l.svc.db.Q(sctx).ExpireNodeLease(l.svc.node.Run); err != nil {
 				l.log.Warn("end node lease", "err", err)
 			}
 			cancel()
 			return
 		case <-t.C:
 		}
-		now := l.cfg.Now()
-		stalled := now.Sub(lastWake) - every
-		lastWake = now
-		if since := now.Sub(lastOK); since >= l.cfg.Timeout {
-			// Past the lease by this process's clock: a pause, or renewals
-			// that failed. The database decides whether the lease lapsed.
-			l.log.Warn("this node stalled longer than its lease; asking the database before it acts",
-				"stalled_for", stalled.Round(time.Millisecond), "since_renewal", since.Round(time.Millisecond), "lease_timeout", l.cfg.Timeout)
+		l.tick(ctx, st)
+	}
+}
+
+// tick renews the lease once. Past the lease by this process's clock (a
+// pause, or renewals that failed) it logs the stall first; the database
+// decides whether the lease lapsed. If it did, the node's sockets are
+// dropped (OnLost) before the lease is taken anew and AwaitNodeLease lets
+// anything act again.
+func (l *Lease) tick(ctx context.Context, st *leaseLoop) {
+	n := l.svc.node
+	now := l.cfg.Now()
+	stalled := now.Sub(st.lastWake) - st.every
+	st.lastWake = now
+	if since := now.Sub(st.lastOK); since >= l.cfg.Timeout {
+		l.log.Warn("this node stalled longer than its lease; asking the database before it acts",
+			"stalled_for", stalled.Round(time.Millisecond), "since_renewal", since.Round(time.Millisecond), "lease_timeout", l.cfg.Timeout)
+	}
+	rctx, cancel := context.WithTimeout(ctx, max(st.every, time.Second))
+	defer cancel()
+	sent := l.cfg.Now()
+	ok, err := l.svc.db.Q(rctx).RenewNodeLease(n.Run, l.cfg.Timeout)
+	if err == nil && ok {
+		st.lastOK = sent
+		l.renewed(sent, false)
+	}
+	if err == nil && !ok {
+		l.log.Warn("this node's lease lapsed (it stalled, or another node judged it dead); dropping its sockets and taking a new lease",
+			"node", n.ID, "run", n.Run, "since_renewal", now.Sub(st.lastOK).Round(time.Millisecond), "lease_timeout", l.cfg.Timeout)
+		if l.cfg.OnLost != nil {
+			l.cfg.OnLost()
 		}
-		rctx, cancel := context.WithTimeout(ctx, max(every, time.Second))
-		sent := l.cfg.Now()
-		ok, err := l.svc.db.Q(rctx).RenewNodeLease(n.Run, l.cfg.Timeout)
-		if err == nil && ok {
-			lastOK = sent
-			l.renewed(sent, false)
+		sent = l.cfg.Now()
+		if err = l.svc.db.Q(rctx).AcquireNodeLease(n.Run, n.ID, l.cfg.Addr, l.cfg.Timeout); err == nil {
+			st.lastOK = sent
+			l.renewed(sent, true)
 		}
-		if err == nil && !ok {
-			l.log.Warn("this node's lease lapsed (it stalled, or another node judged it dead); dropping its sockets and taking a new lease",
-				"node", n.ID, "run", n.Run, "since_renewal", now.Sub(lastOK).Round(time.Millisecond), "lease_timeout", l.cfg.Timeout)
-			if l.cfg.OnLost != nil {
-				l.cfg.OnLost()
-			}
-			sent = l.cfg.Now()
-			if err = l.svc.db.Q(rctx).AcquireNodeLease(n.Run, n.ID, l.cfg.Addr, l.cfg.Timeout); err == nil {
-				lastOK = sent
-				l.renewed(sent, true)
-			}
+	}
+	switch {
+	case err != nil && ctx.Err() == nil:
+		if !st.failing {
+			l.log.Error("renew node lease", "err", err)
 		}
-		cancel()
-		switch {
-		case err != nil && ctx.Err() == nil:
-			if !failing {
-				l.log.Error("renew node lease", "err", err)
-			}
-			failing = true
-		case err == nil && failing:
-			l.log.Info("node lease renewed again")
-			failing = false
-		}
+		st.failing = true
+	case err == nil && st.failing:
+		l.log.Info("node lease renewed again")
+		st.failing = false
 	}
 }
 
