@@ -1,8 +1,10 @@
 package main
 
 import (
+	"context"
 	"io"
 	"net/http"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -11,6 +13,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/zndraw/joblib/internal/dbtest"
 	"github.com/zndraw/joblib/models"
 )
@@ -290,4 +293,92 @@ func TestFaultPausedSQLiteNode(t *testing.T) {
 		t.Fatalf("task of the worker that heartbeated again after the pause: %d %v\n%s", st, tk, p.stderr)
 	}
 	waitLog(t, p, "this node's leadership lapsed (it stalled) and was taken anew; destructive sweeps wait again", time.Second)
+}
+
+// TestFaultKillDuringMigrate: `joblib migrate` on PostgreSQL is SIGKILLed in
+// the middle of its migrations (version 1's tables created, its version not
+// yet recorded: the test holds a SHARE lock on schema_migrations, so the
+// migration waits at its first INSERT there). Nothing of it stays: no
+// version is recorded and no table of it exists. Run again, it applies every
+// version.
+func TestFaultKillDuringMigrate(t *testing.T) {
+	t.Parallel()
+	joblibBinary(t)
+	url := dbtest.URL(t, models.Postgres)
+	ctx := t.Context()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, "CREATE TABLE schema_migrations (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "LOCK TABLE schema_migrations IN SHARE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(joblibBinary(t), "migrate")
+	cmd.Env = append(hermeticEnv(), "JOBLIB_DATABASE_URL="+url)
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// The migration is under way once its backend waits for our lock.
+	var waiting int
+	for deadline := time.Now().Add(20 * time.Second); waiting == 0; time.Sleep(10 * time.Millisecond) {
+		err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_locks WHERE relation = 'schema_migrations'::regclass AND NOT granted").Scan(&waiting)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the migration never reached schema_migrations:\n%s", out.String())
+		}
+	}
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The killed process's backend ends its transaction once it finds the
+	// connection closed.
+	var recorded, tables int
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		err := conn.QueryRow(ctx, "SELECT (SELECT count(*) FROM schema_migrations), (SELECT count(*) FROM pg_tables WHERE schemaname = current_schema() AND tablename <> 'schema_migrations')").Scan(&recorded, &tables)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var busy int
+		if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_locks WHERE relation = 'schema_migrations'::regclass AND pid <> pg_backend_pid()").Scan(&busy); err != nil {
+			t.Fatal(err)
+		}
+		if busy == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the killed migration's transaction never ended")
+		}
+	}
+	if recorded != 0 || tables != 0 {
+		t.Fatalf("after the kill: %d versions recorded, %d tables left", recorded, tables)
+	}
+	code, stdout, stderr := runBin(t, t.TempDir(), []string{"JOBLIB_DATABASE_URL=" + url}, "migrate")
+	if code != 0 {
+		t.Fatalf("migrate after the kill: exit %d\n%s%s", code, stdout, stderr)
+	}
+	db, err := models.Open(ctx, url, models.OpenOptions{MaxConns: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	applied, err := db.Migrate(ctx)
+	if err != nil || len(applied) != 0 {
+		t.Fatalf("versions left to apply after the second run: %v %v", applied, err)
+	}
 }
