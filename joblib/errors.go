@@ -36,6 +36,9 @@ const (
 	// request (a terminated backend, a restart); nothing it began was
 	// committed unless a commit's answer was lost (503 with Retry-After).
 	CodeDatabaseUnavailable Code = "database-unavailable"
+	// CodeStorageFull: the database could not write for lack of space;
+	// nothing of the request was committed (503 with Retry-After).
+	CodeStorageFull Code = "storage-full"
 	// CodePolicyConflict: a job's worker-loss policy differs from the one its
 	// creator set, and the caller may not change it.
 	CodePolicyConflict Code = "policy-conflict"

@@ -261,14 +261,20 @@ var (
 	// statement (the backend was terminated, the server shut down or
 	// restarted, the network dropped it): the request may be retried.
 	ErrUnavailable = errors.New("database unavailable")
+	// ErrStorageFull means the database could not write for lack of space
+	// (SQLite's SQLITE_FULL, PostgreSQL's disk_full): nothing of the
+	// statement was committed.
+	ErrStorageFull = errors.New("storage full")
 )
 
 func mapErr(err error) error {
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, ErrNotFound), errors.Is(err, ErrConflict), errors.Is(err, ErrInvalidData), errors.Is(err, ErrTimeout), errors.Is(err, ErrUnavailable):
+	case errors.Is(err, ErrNotFound), errors.Is(err, ErrConflict), errors.Is(err, ErrInvalidData), errors.Is(err, ErrTimeout), errors.Is(err, ErrUnavailable), errors.Is(err, ErrStorageFull):
 		return err
+	case isStorageFull(err):
+		return fmt.Errorf("%w: %w", ErrStorageFull, err)
 	case isConnLost(err):
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	case isInvalidData(err):

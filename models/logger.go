@@ -116,6 +116,22 @@ func isConnLost(err error) bool {
 	return errors.As(err, &ce) || strings.Contains(err.Error(), "conn closed")
 }
 
+// isStorageFull: the database ran out of space (SQLite's SQLITE_FULL, the
+// primary result code 13; PostgreSQL's 53100 disk_full).
+func isStorageFull(err error) bool {
+	if sqlState(err) == "53100" {
+		return true
+	}
+	var coded interface{ Code() int }
+	return errors.As(err, &coded) && coded.Code()&0xff == 13
+}
+
+// IsStorageFull reports whether err is the database out of space
+// (ErrStorageFull, or the driver error behind it).
+func IsStorageFull(err error) bool {
+	return errors.Is(err, ErrStorageFull) || (err != nil && isStorageFull(err))
+}
+
 // IsUnavailable reports whether err is a lost database connection
 // (ErrUnavailable, or the driver error behind it).
 func IsUnavailable(err error) bool {

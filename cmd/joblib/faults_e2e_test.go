@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -399,5 +400,115 @@ func TestFaultKillDuringMigrate(t *testing.T) {
 	applied, err := db.Migrate(ctx)
 	if err != nil || len(applied) != 0 {
 		t.Fatalf("versions left to apply after the second run: %v %v", applied, err)
+	}
+}
+
+// TestFaultSQLiteDiskFull runs `joblib serve` on SQLite in a 3 MiB tmpfs of
+// its own (a private mount namespace, so nothing outlives the process) and
+// submits tasks until the disk is full. Writes then answer 503 storage-full
+// with Retry-After, reads go on, nothing committed is lost; once the tmpfs
+// is grown (space freed), the same process accepts writes again.
+func TestFaultSQLiteDiskFull(t *testing.T) {
+	t.Parallel()
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a tmpfs needs root (the test machine runs the suite as root)")
+	}
+	bin := joblibBinary(t)
+	dir := t.TempDir()
+	const token = "jl_faults_full"
+	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c",
+		`mount -t tmpfs -o size=3m tmpfs "$1" && exec "$2" serve`, "sh", dir, bin)
+	cmd.Env = append(hermeticEnv(), "JOBLIB_LISTEN_ADDR=127.0.0.1:0", "JOBLIB_DATABASE_URL="+filepath.Join(dir, "joblib.db"), "JOBLIB_ADMIN_TOKEN="+token)
+	p := &proc{cmd: cmd, stderr: &syncBuffer{}, stdout: &syncBuffer{}, done: make(chan error, 1), listening: make(chan string, 1)}
+	pr, pw := io.Pipe()
+	cmd.Stderr = io.MultiWriter(pw, p.stderr)
+	cmd.Stdout = p.stdout
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.done <- cmd.Wait(); pw.Close() }()
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			<-p.done
+		}
+	})
+	go func() {
+		buf := make([]byte, 4096)
+		var line strings.Builder
+		for {
+			n, err := pr.Read(buf)
+			line.Write(buf[:n])
+			if m := listenLine.FindStringSubmatch(line.String()); m != nil {
+				p.listening <- m[1]
+				_, _ = io.Copy(io.Discard, pr)
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	p.waitListening(t)
+	base := p.base()
+	if st, _, b := call(t, "PUT", base+"/rooms/r/jobs", token, map[string]any{"category": "modifiers", "name": "J", "schema": map[string]any{}}); st != 201 {
+		t.Fatalf("register job: %d %v", st, b)
+	}
+	blob := strings.Repeat("x", 100_000)
+	submitBig := func() (int, map[string]any, string) {
+		st, h, b := call(t, "POST", base+"/rooms/r/tasks/r:modifiers:J", token, map[string]any{"payload": map[string]any{"blob": blob}})
+		return st, b, h.Get("Retry-After")
+	}
+	var accepted []string
+	full := false
+	for range 100 {
+		st, b, retry := submitBig()
+		if st == 202 {
+			accepted = append(accepted, b["id"].(string))
+			continue
+		}
+		if st != 503 || b["type"] != "/v1/problems/storage-full" || retry == "" {
+			t.Fatalf("a write on a full disk answered %d (Retry-After %q): %v\n%s", st, retry, b, p.stderr)
+		}
+		full = true
+		break
+	}
+	if !full || len(accepted) == 0 {
+		t.Fatalf("accepted %d submissions, disk full: %v", len(accepted), full)
+	}
+	// Reads go on; every accepted task is there.
+	for _, id := range accepted {
+		if st, _, tk := call(t, "GET", base+"/tasks/"+id, token, nil); st != 200 || tk["status"] != "pending" {
+			t.Fatalf("accepted task %s on a full disk: %d %v", id, st, tk)
+		}
+	}
+	// Space freed: the same process writes again.
+	grow := exec.Command("nsenter", "--target", strconv.Itoa(cmd.Process.Pid), "--mount", "mount", "-o", "remount,size=64m", dir)
+	if out, err := grow.CombinedOutput(); err != nil {
+		t.Fatalf("grow the tmpfs: %v %s", err, out)
+	}
+	var st int
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if st, _, _ = submitBig(); st == 202 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("writes still refused (%d) after space was freed\n%s", st, p.stderr)
+		}
+	}
+	var page map[string]any
+	if st, _, page = call(t, "GET", base+"/rooms/r/tasks?limit=0", token, nil); st != 200 {
+		t.Fatalf("list: %d %v", st, page)
+	}
+	if n, _ := page["total"].(float64); int(n) < len(accepted)+1 {
+		t.Fatalf("%v tasks after the disk was freed, want at least %d", page["total"], len(accepted)+1)
+	}
+	for _, id := range accepted {
+		if st, _, _ := call(t, "GET", base+"/tasks/"+id, token, nil); st != 200 {
+			t.Fatalf("task %s lost after the disk was full: %d", id, st)
+		}
+	}
+	if p.cmd.ProcessState != nil {
+		t.Fatal("the server exited")
 	}
 }
