@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -511,4 +512,103 @@ func TestFaultSQLiteDiskFull(t *testing.T) {
 	if p.cmd.ProcessState != nil {
 		t.Fatal("the server exited")
 	}
+}
+
+// TestFaultTasksTableLocked: another session holds an ACCESS EXCLUSIVE lock
+// on the tasks table (a migration, a long maintenance statement) for longer
+// than the worker timeout. Requests that need the table answer 503
+// statement-timeout within their database budget, never hang and never 500;
+// heartbeats go on, so nobody is judged stale; once the lock goes,
+// everything works and no cleanup came of the stall. (The suite's short form
+// of a 30 s lock: 4 s, against a 2 s worker timeout and 1 s budgets.)
+func TestFaultTasksTableLocked(t *testing.T) {
+	t.Parallel()
+	joblibBinary(t)
+	dbURL := dbtest.URL(t, models.Postgres)
+	const token = "jl_faults_lock"
+	p := startServe(t, "JOBLIB_DATABASE_URL="+dbURL, "JOBLIB_ADMIN_TOKEN="+token, "JOBLIB_WORKER_TIMEOUT=2s", "JOBLIB_SWEEPER_INTERVAL=1s",
+		"JOBLIB_READ_DB_TIMEOUT=1s", "JOBLIB_WRITE_DB_TIMEOUT=1s")
+	base := p.base()
+	st, _, w := call(t, "POST", base+"/workers", token, map[string]any{})
+	if st != 201 {
+		t.Fatalf("create worker: %d %v", st, w)
+	}
+	wid := w["id"].(string)
+	if st, _, b := call(t, "PUT", base+"/rooms/r/jobs", token, map[string]any{"category": "modifiers", "name": "J", "schema": map[string]any{}, "worker_id": wid}); st != 201 {
+		t.Fatalf("register job: %d %v", st, b)
+	}
+	id := submit(t, base, token, "r", "r:modifiers:J")
+	if st, _, c := call(t, "POST", base+"/tasks/claim", token, map[string]any{"worker_id": wid}); st != 200 || c["task"] == nil {
+		t.Fatalf("claim: %d %v", st, c)
+	}
+	if st, _, b := call(t, "PATCH", base+"/tasks/"+id, token, map[string]any{"status": "running"}); st != 200 {
+		t.Fatalf("running: %d %v", st, b)
+	}
+	heartbeat := func() {
+		t.Helper()
+		if st, _, b := call(t, "PATCH", base+"/workers/"+wid, token, nil); st != 200 {
+			t.Fatalf("heartbeat: %d %v", st, b)
+		}
+	}
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(300 * time.Millisecond) {
+		heartbeat() // the sweeper leads and its guard has passed
+	}
+
+	ctx := t.Context()
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "LOCK TABLE tasks IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	locked := time.Now()
+	var mu sync.Mutex
+	var worst time.Duration
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for time.Since(locked) < 4*time.Second {
+			start := time.Now()
+			st, h, b := call(t, "POST", base+"/rooms/r/tasks/r:modifiers:J", token, map[string]any{"payload": map[string]any{}})
+			took := time.Since(start)
+			if st != 503 || b["type"] != "/v1/problems/statement-timeout" || h.Get("Retry-After") == "" {
+				t.Errorf("submission during the lock: %d %v", st, b)
+				return
+			}
+			mu.Lock()
+			worst = max(worst, took)
+			mu.Unlock()
+		}
+	})
+	for time.Since(locked) < 4*time.Second {
+		heartbeat()
+		time.Sleep(300 * time.Millisecond)
+	}
+	wg.Wait()
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(300 * time.Millisecond) {
+		heartbeat()
+	}
+	if st, _, tk := call(t, "GET", base+"/tasks/"+id, token, nil); st != 200 || tk["status"] != "running" {
+		t.Fatalf("the running task after the lock: %d %v", st, tk)
+	}
+	submit(t, base, token, "r", "r:modifiers:J")
+	var cleanups int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM cleanup_events").Scan(&cleanups); err != nil {
+		t.Fatal(err)
+	}
+	if cleanups != 0 {
+		t.Fatalf("%d cleanups came of the lock", cleanups)
+	}
+	if worst > 5*time.Second {
+		t.Fatalf("a submission during the lock took %s with a 1 s budget", worst)
+	}
+	t.Logf("tasks table locked 4 s: submissions answered 503 statement-timeout within %s (budget 1 s); no cleanup", worst.Round(time.Millisecond))
 }
