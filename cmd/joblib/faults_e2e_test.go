@@ -2,8 +2,11 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
+	neturl "net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -611,4 +615,172 @@ func TestFaultTasksTableLocked(t *testing.T) {
 		t.Fatalf("a submission during the lock took %s with a 1 s budget", worst)
 	}
 	t.Logf("tasks table locked 4 s: submissions answered 503 statement-timeout within %s (budget 1 s); no cleanup", worst.Round(time.Millisecond))
+}
+
+// latencyProxy forwards TCP connections to target, delaying every chunk by
+// the current one-way delay (both directions: a round trip costs twice it).
+// Chunks keep their order; the delay is not serialised across chunks.
+type latencyProxy struct {
+	ln    net.Listener
+	delay atomic.Int64 // one way, nanoseconds
+}
+
+func startLatencyProxy(t *testing.T, target string) *latencyProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &latencyProxy{ln: ln}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			go p.pipe(c, u)
+			go p.pipe(u, c)
+		}
+	}()
+	return p
+}
+
+func (p *latencyProxy) pipe(from, to net.Conn) {
+	type chunk struct {
+		at   time.Time
+		data []byte
+	}
+	q := make(chan chunk, 1024)
+	go func() {
+		defer to.Close()
+		for c := range q {
+			time.Sleep(time.Until(c.at))
+			if _, err := to.Write(c.data); err != nil {
+				return
+			}
+		}
+	}()
+	defer close(q)
+	defer from.Close()
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := from.Read(buf)
+		if n > 0 {
+			q <- chunk{time.Now().Add(time.Duration(p.delay.Load())), append([]byte(nil), buf[:n]...)}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// TestFaultSlowDatabase: 200 ms added to every database round trip (a TCP
+// proxy between `joblib serve` and PostgreSQL) with a 3 s worker timeout. A
+// socket-bound worker (kept alive by its node) and a REST worker
+// (heartbeating every second) live through more than two worker timeouts:
+// nobody is reaped. Tasks claimed by both at once are each claimed once. The
+// sweep duration metric shows the latency.
+func TestFaultSlowDatabase(t *testing.T) {
+	t.Parallel()
+	joblibBinary(t)
+	dbURL := dbtest.URL(t, models.Postgres)
+	u, err := neturl.Parse(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := startLatencyProxy(t, u.Host)
+	u.Host = proxy.ln.Addr().String()
+	const token = "jl_faults_slow"
+	p := startServe(t, "JOBLIB_DATABASE_URL="+u.String(), "JOBLIB_ADMIN_TOKEN="+token, "JOBLIB_WORKER_TIMEOUT=3s", "JOBLIB_SWEEPER_INTERVAL=1s")
+	base := p.base()
+	newWorker := func() string {
+		t.Helper()
+		st, _, w := call(t, "POST", base+"/workers", token, map[string]any{})
+		if st != 201 {
+			t.Fatalf("create worker: %d %v", st, w)
+		}
+		wid := w["id"].(string)
+		if st, _, b := call(t, "PUT", base+"/rooms/r/jobs", token, map[string]any{"category": "modifiers", "name": "J", "schema": map[string]any{}, "worker_id": wid}); st != 200 && st != 201 {
+			t.Fatalf("register job: %d %v", st, b)
+		}
+		return wid
+	}
+	rest, sock := newWorker(), newWorker()
+	ag := startAgent(t)
+	ag.connect("w", "http://"+p.addr, token)
+	ag.emit("w", "join_job_room", map[string]any{"job_name": "r:modifiers:J", "worker_id": sock})
+
+	proxy.delay.Store(int64(100 * time.Millisecond)) // 200 ms per round trip from here on
+	const tasks = 6
+	for range tasks {
+		submit(t, base, token, "r", "r:modifiers:J")
+	}
+	var mu sync.Mutex
+	claimed := map[string]int{}
+	var wg sync.WaitGroup
+	for _, wid := range []string{rest, sock} {
+		wg.Go(func() {
+			for {
+				st, _, c := call(t, "POST", base+"/tasks/claim", token, map[string]any{"worker_id": wid})
+				if st != 200 {
+					t.Errorf("claim: %d %v", st, c)
+					return
+				}
+				tk, _ := c["task"].(map[string]any)
+				if tk == nil {
+					return
+				}
+				mu.Lock()
+				claimed[tk["id"].(string)]++
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if len(claimed) != tasks {
+		t.Fatalf("%d distinct tasks claimed, want %d", len(claimed), tasks)
+	}
+	for id, n := range claimed {
+		if n != 1 {
+			t.Fatalf("task %s claimed %d times", id, n)
+		}
+	}
+	// Two worker timeouts and more under the latency.
+	for end := time.Now().Add(7 * time.Second); time.Now().Before(end); time.Sleep(time.Second) {
+		if st, _, b := call(t, "PATCH", base+"/workers/"+rest, token, nil); st != 200 {
+			t.Fatalf("heartbeat of the REST worker: %d %v\n%s", st, b, p.stderr)
+		}
+	}
+	proxy.delay.Store(0)
+	st, _, list := call(t, "GET", base+"/workers?limit=500", token, nil)
+	if st != 200 {
+		t.Fatalf("list workers: %d %v", st, list)
+	}
+	alive := map[string]bool{}
+	for _, it := range list["items"].([]any) {
+		alive[it.(map[string]any)["id"].(string)] = true
+	}
+	if !alive[rest] || !alive[sock] {
+		t.Fatalf("workers reaped under the latency: REST alive %v, socket alive %v\n%s", alive[rest], alive[sock], p.stderr)
+	}
+	for _, e := range ag.received("w") {
+		if e.Event == "$disconnect" {
+			t.Fatalf("the socket worker was disconnected: %s", e.Reason)
+		}
+	}
+	sum := metricLines(t, p, "joblib_sweep_duration_seconds_sum")
+	count := metricLines(t, p, "joblib_sweep_duration_seconds_count")
+	var s, n float64
+	fmt.Sscanf(sum, "joblib_sweep_duration_seconds_sum %g", &s)
+	fmt.Sscanf(count, "joblib_sweep_duration_seconds_count %g", &n)
+	if n == 0 || s/n < 0.1 {
+		t.Fatalf("sweep durations do not show the latency: %s; %s", sum, count)
+	}
+	t.Logf("200 ms per database round trip for 7 s, worker timeout 3 s: no worker reaped, %d tasks claimed once each by two workers at once; mean sweep %.0f ms", tasks, 1000*s/n)
 }
