@@ -784,3 +784,87 @@ func TestFaultSlowDatabase(t *testing.T) {
 	}
 	t.Logf("200 ms per database round trip for 7 s, worker timeout 3 s: no worker reaped, %d tasks claimed once each by two workers at once; mean sweep %.0f ms", tasks, 1000*s/n)
 }
+
+// TestFaultNATSOutage: two nodes on one PostgreSQL with the NATS bus (a
+// nats-server of the test's own), which is killed for 3 s (the suite's form
+// of a 20 s outage) while tasks change on the other node. Nothing is lost
+// from the database and no request fails; when NATS is back each node
+// reconnects by itself and reports the gap, so the UI on the other node is
+// told to refetch; later events flow again.
+func TestFaultNATSOutage(t *testing.T) {
+	t.Parallel()
+	joblibBinary(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+	l.Close()
+	startNATS := func() *exec.Cmd {
+		t.Helper()
+		c := exec.Command("/usr/sbin/nats-server", "-a", "127.0.0.1", "-p", port)
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Process.Kill(); _ = c.Wait() })
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			if conn, err := net.Dial("tcp", "127.0.0.1:"+port); err == nil {
+				conn.Close()
+				return c
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("nats-server did not listen")
+			}
+		}
+	}
+	nats := startNATS()
+	dbURL := dbtest.URL(t, models.Postgres)
+	const token = "jl_faults_nats"
+	subject := "joblib.faults." + uuid.NewString()
+	env := func(name string) []string {
+		return []string{"JOBLIB_DATABASE_URL=" + dbURL, "JOBLIB_ADMIN_TOKEN=" + token, "JOBLIB_NODE_ID=" + name,
+			"JOBLIB_BUS_URL=nats://127.0.0.1:" + port, "JOBLIB_BUS_SUBJECT=" + subject}
+	}
+	a, b := launchServe(t, env("a")...), launchServe(t, env("b")...)
+	a.waitListening(t)
+	b.waitListening(t)
+	st, _, w := call(t, "POST", a.base()+"/workers", token, map[string]any{})
+	if st != 201 {
+		t.Fatalf("create worker: %d %v", st, w)
+	}
+	wid := w["id"].(string)
+	if st, _, body := call(t, "PUT", a.base()+"/rooms/n/jobs", token, map[string]any{"category": "modifiers", "name": "J", "schema": map[string]any{}, "worker_id": wid}); st != 201 {
+		t.Fatalf("register job: %d %v", st, body)
+	}
+	ag := startAgent(t)
+	ag.connect("ui", "http://"+b.addr, token)
+	ag.emit("ui", "join_room", map[string]any{"room_id": "n"})
+	before := submit(t, a.base(), token, "n", "n:modifiers:J")
+	ag.waitFor("an event through NATS", 5*time.Second, statusIs("ui", before, "pending"))
+
+	if err := nats.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = nats.Wait()
+	down := time.Now()
+	during := submit(t, a.base(), token, "n", "n:modifiers:J")
+	if st, _, c := call(t, "POST", a.base()+"/tasks/claim", token, map[string]any{"worker_id": wid}); st != 200 || c["task"] == nil {
+		t.Fatalf("claim during the outage: %d %v", st, c)
+	}
+	time.Sleep(3*time.Second - time.Since(down))
+	startNATS()
+	up := time.Now()
+	inv := ag.waitFor("the UI told to refetch after the outage", 15*time.Second, func(e agentEvent) bool {
+		return e.Sock == "ui" && e.Event == "tasks_invalidate" && e.At.After(down)
+	})
+	// Nothing was lost from the database: node b reads what node a did.
+	if st, _, tk := call(t, "GET", b.base()+"/tasks/"+before, token, nil); st != 200 || tk["status"] != "claimed" {
+		t.Fatalf("the task claimed during the outage, read on the other node: %d %v", st, tk)
+	}
+	if st, _, tk := call(t, "GET", b.base()+"/tasks/"+during, token, nil); st != 200 || tk["status"] != "pending" {
+		t.Fatalf("the task submitted during the outage, read on the other node: %d %v", st, tk)
+	}
+	after := submit(t, a.base(), token, "n", "n:modifiers:J")
+	resumed := ag.waitFor("events flow again", 15*time.Second, statusIs("ui", after, "pending"))
+	t.Logf("NATS down 3 s: UI invalidated %s after NATS was back, events flowing %s after", inv.At.Sub(up).Round(time.Millisecond), resumed.At.Sub(up).Round(time.Millisecond))
+}
