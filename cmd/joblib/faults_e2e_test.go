@@ -59,6 +59,28 @@ func leads(p *proc) bool {
 	return strings.Contains(string(body), "\njoblib_sweeper_leader 1\n")
 }
 
+// restWorkerWithRunningTask registers a REST worker for job r:modifiers:J
+// and gives it a running task; it returns both ids.
+func restWorkerWithRunningTask(t *testing.T, base, token string) (wid, id string) {
+	t.Helper()
+	st, _, w := call(t, "POST", base+"/workers", token, map[string]any{})
+	if st != 201 {
+		t.Fatalf("create worker: %d %v", st, w)
+	}
+	wid = w["id"].(string)
+	if st, _, b := call(t, "PUT", base+"/rooms/r/jobs", token, map[string]any{"category": "modifiers", "name": "J", "schema": map[string]any{}, "worker_id": wid}); st != 201 {
+		t.Fatalf("register job: %d %v", st, b)
+	}
+	id = submit(t, base, token, "r", "r:modifiers:J")
+	if st, _, c := call(t, "POST", base+"/tasks/claim", token, map[string]any{"worker_id": wid}); st != 200 || c["task"] == nil {
+		t.Fatalf("claim: %d %v", st, c)
+	}
+	if st, _, b := call(t, "PATCH", base+"/tasks/"+id, token, map[string]any{"status": "running"}); st != 200 {
+		t.Fatalf("running: %d %v", st, b)
+	}
+	return wid, id
+}
+
 // faultDuration reads a duration from the environment (bench/faults sets
 // the long forms), else def.
 func faultDuration(t *testing.T, name string, def time.Duration) time.Duration {
@@ -280,21 +302,7 @@ func TestFaultPausedSQLiteNode(t *testing.T) {
 	p := startServe(t, "JOBLIB_DATABASE_URL="+filepath.Join(t.TempDir(), "faults.db"), "JOBLIB_ADMIN_TOKEN="+token,
 		"JOBLIB_WORKER_TIMEOUT=2s", "JOBLIB_SWEEPER_INTERVAL=1s", "JOBLIB_NODE_LEASE_TIMEOUT=1s")
 	base := p.base()
-	st, _, w := call(t, "POST", base+"/workers", token, map[string]any{})
-	if st != 201 {
-		t.Fatalf("create worker: %d %v", st, w)
-	}
-	wid := w["id"].(string)
-	if st, _, b := call(t, "PUT", base+"/rooms/r/jobs", token, map[string]any{"category": "modifiers", "name": "J", "schema": map[string]any{}, "worker_id": wid}); st != 201 {
-		t.Fatalf("register job: %d %v", st, b)
-	}
-	id := submit(t, base, token, "r", "r:modifiers:J")
-	if st, _, c := call(t, "POST", base+"/tasks/claim", token, map[string]any{"worker_id": wid}); st != 200 || c["task"] == nil {
-		t.Fatalf("claim: %d %v", st, c)
-	}
-	if st, _, b := call(t, "PATCH", base+"/tasks/"+id, token, map[string]any{"status": "running"}); st != 200 {
-		t.Fatalf("running: %d %v", st, b)
-	}
+	wid, id := restWorkerWithRunningTask(t, base, token)
 	heartbeat := func() {
 		t.Helper()
 		if st, _, b := call(t, "PATCH", base+"/workers/"+wid, token, nil); st != 200 {
@@ -424,36 +432,7 @@ func TestFaultSQLiteDiskFull(t *testing.T) {
 	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c",
 		`mount -t tmpfs -o size=3m tmpfs "$1" && exec "$2" serve`, "sh", dir, bin)
 	cmd.Env = append(hermeticEnv(), "JOBLIB_LISTEN_ADDR=127.0.0.1:0", "JOBLIB_DATABASE_URL="+filepath.Join(dir, "joblib.db"), "JOBLIB_ADMIN_TOKEN="+token)
-	p := &proc{cmd: cmd, stderr: &syncBuffer{}, stdout: &syncBuffer{}, done: make(chan error, 1), listening: make(chan string, 1)}
-	pr, pw := io.Pipe()
-	cmd.Stderr = io.MultiWriter(pw, p.stderr)
-	cmd.Stdout = p.stdout
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { p.done <- cmd.Wait(); pw.Close() }()
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			_ = cmd.Process.Kill()
-			<-p.done
-		}
-	})
-	go func() {
-		buf := make([]byte, 4096)
-		var line strings.Builder
-		for {
-			n, err := pr.Read(buf)
-			line.Write(buf[:n])
-			if m := listenLine.FindStringSubmatch(line.String()); m != nil {
-				p.listening <- m[1]
-				_, _ = io.Copy(io.Discard, pr)
-				return
-			}
-			if err != nil {
-				return
-			}
-		}
-	}()
+	p := launchCmd(t, cmd)
 	p.waitListening(t)
 	base := p.base()
 	if st, _, b := call(t, "PUT", base+"/rooms/r/jobs", token, map[string]any{"category": "modifiers", "name": "J", "schema": map[string]any{}}); st != 201 {
@@ -533,25 +512,11 @@ func TestFaultTasksTableLocked(t *testing.T) {
 	p := startServe(t, "JOBLIB_DATABASE_URL="+dbURL, "JOBLIB_ADMIN_TOKEN="+token, "JOBLIB_WORKER_TIMEOUT=2s", "JOBLIB_SWEEPER_INTERVAL=1s",
 		"JOBLIB_READ_DB_TIMEOUT=1s", "JOBLIB_WRITE_DB_TIMEOUT=1s")
 	base := p.base()
-	st, _, w := call(t, "POST", base+"/workers", token, map[string]any{})
-	if st != 201 {
-		t.Fatalf("create worker: %d %v", st, w)
-	}
-	wid := w["id"].(string)
-	if st, _, b := call(t, "PUT", base+"/rooms/r/jobs", token, map[string]any{"category": "modifiers", "name": "J", "schema": map[string]any{}, "worker_id": wid}); st != 201 {
-		t.Fatalf("register job: %d %v", st, b)
-	}
-	id := submit(t, base, token, "r", "r:modifiers:J")
-	if st, _, c := call(t, "POST", base+"/tasks/claim", token, map[string]any{"worker_id": wid}); st != 200 || c["task"] == nil {
-		t.Fatalf("claim: %d %v", st, c)
-	}
-	if st, _, b := call(t, "PATCH", base+"/tasks/"+id, token, map[string]any{"status": "running"}); st != 200 {
-		t.Fatalf("running: %d %v", st, b)
-	}
+	wid, id := restWorkerWithRunningTask(t, base, token)
 	heartbeat := func() {
 		t.Helper()
 		if st, _, b := call(t, "PATCH", base+"/workers/"+wid, token, nil); st != 200 {
-			t.Fatalf("heartbeat: %d %v", st, b)
+			t.Fatalf("heartbeat: %d %v\n%s", st, b, p.stderr)
 		}
 	}
 	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(300 * time.Millisecond) {
