@@ -59,15 +59,17 @@ func leads(p *proc) bool {
 	return strings.Contains(string(body), "\njoblib_sweeper_leader 1\n")
 }
 
-// restWorkerWithRunningTask registers a REST worker for job r:modifiers:J
-// and gives it a running task; it returns both ids.
-func restWorkerWithRunningTask(t *testing.T, base, token string) (wid, id string) {
+// restWorkerWithRunningTask registers a REST worker for job r:modifiers:J on
+// p and gives it a running task; it returns the task's id and the worker's
+// heartbeat (which must answer 200).
+func restWorkerWithRunningTask(t *testing.T, p *proc, token string) (id string, heartbeat func()) {
 	t.Helper()
+	base := p.base()
 	st, _, w := call(t, "POST", base+"/workers", token, map[string]any{})
 	if st != 201 {
 		t.Fatalf("create worker: %d %v", st, w)
 	}
-	wid = w["id"].(string)
+	wid := w["id"].(string)
 	if st, _, b := call(t, "PUT", base+"/rooms/r/jobs", token, map[string]any{"category": "modifiers", "name": "J", "schema": map[string]any{}, "worker_id": wid}); st != 201 {
 		t.Fatalf("register job: %d %v", st, b)
 	}
@@ -78,7 +80,12 @@ func restWorkerWithRunningTask(t *testing.T, base, token string) (wid, id string
 	if st, _, b := call(t, "PATCH", base+"/tasks/"+id, token, map[string]any{"status": "running"}); st != 200 {
 		t.Fatalf("running: %d %v", st, b)
 	}
-	return wid, id
+	return id, func() {
+		t.Helper()
+		if st, _, b := call(t, "PATCH", base+"/workers/"+wid, token, nil); st != 200 {
+			t.Fatalf("heartbeat: %d %v\n%s", st, b, p.stderr)
+		}
+	}
 }
 
 // faultDuration reads a duration from the environment (bench/faults sets
@@ -302,13 +309,7 @@ func TestFaultPausedSQLiteNode(t *testing.T) {
 	p := startServe(t, "JOBLIB_DATABASE_URL="+filepath.Join(t.TempDir(), "faults.db"), "JOBLIB_ADMIN_TOKEN="+token,
 		"JOBLIB_WORKER_TIMEOUT=2s", "JOBLIB_SWEEPER_INTERVAL=1s", "JOBLIB_NODE_LEASE_TIMEOUT=1s")
 	base := p.base()
-	wid, id := restWorkerWithRunningTask(t, base, token)
-	heartbeat := func() {
-		t.Helper()
-		if st, _, b := call(t, "PATCH", base+"/workers/"+wid, token, nil); st != 200 {
-			t.Fatalf("heartbeat: %d %v\n%s", st, b, p.stderr)
-		}
-	}
+	id, heartbeat := restWorkerWithRunningTask(t, p, token)
 	// The node leads (after a jitter of up to 1 s), and its sweep guard (one
 	// worker timeout) has passed.
 	for end := time.Now().Add(3500 * time.Millisecond); time.Now().Before(end); time.Sleep(300 * time.Millisecond) {
@@ -512,13 +513,7 @@ func TestFaultTasksTableLocked(t *testing.T) {
 	p := startServe(t, "JOBLIB_DATABASE_URL="+dbURL, "JOBLIB_ADMIN_TOKEN="+token, "JOBLIB_WORKER_TIMEOUT=2s", "JOBLIB_SWEEPER_INTERVAL=1s",
 		"JOBLIB_READ_DB_TIMEOUT=1s", "JOBLIB_WRITE_DB_TIMEOUT=1s")
 	base := p.base()
-	wid, id := restWorkerWithRunningTask(t, base, token)
-	heartbeat := func() {
-		t.Helper()
-		if st, _, b := call(t, "PATCH", base+"/workers/"+wid, token, nil); st != 200 {
-			t.Fatalf("heartbeat: %d %v\n%s", st, b, p.stderr)
-		}
-	}
+	id, heartbeat := restWorkerWithRunningTask(t, p, token)
 	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(300 * time.Millisecond) {
 		heartbeat() // the sweeper leads and its guard has passed
 	}
