@@ -261,15 +261,32 @@ func TestLapsedNodeLeaseFencesKeepAlive(t *testing.T) {
 		if _, err := q.BindWorker(ids[1], "other", "other-run"); err != nil { // re-joined elsewhere
 			t.Fatal(err)
 		}
-		if got, err := svc.KeepAlive(ctx, ids); err != nil || got != 1 {
-			t.Fatalf("keep-alive under a live lease: %d %v, want 1 (its own worker)", got, err)
+		// keepAlive ages both heartbeats by an hour, runs a keep-alive and
+		// returns how many are still stale.
+		keepAlive := func() int64 {
+			t.Helper()
+			if err := q.SetHeartbeatAge(ids, time.Hour); err != nil {
+				t.Fatal(err)
+			}
+			gone, err := svc.KeepAlive(ctx, ids)
+			if err != nil || len(gone) != 0 {
+				t.Fatalf("keep-alive: %v %v (no worker is gone)", gone, err)
+			}
+			stale, _, err := q.CountWorkers(time.Minute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return stale
+		}
+		if stale := keepAlive(); stale != 1 {
+			t.Fatalf("keep-alive under a live lease: %d stale, want 1 (only the worker bound elsewhere)", stale)
 		}
 		if err := q.ExpireNodeLease(n.Run); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(5 * time.Millisecond)
-		if got, err := svc.KeepAlive(ctx, ids); err != nil || got != 0 {
-			t.Fatalf("keep-alive after the lease lapsed: %d %v, want 0", got, err)
+		if stale := keepAlive(); stale != 2 {
+			t.Fatalf("keep-alive after the lease lapsed: %d stale, want 2", stale)
 		}
 		if ok, err := q.RenewNodeLease(n.Run, time.Minute); ok || err != nil {
 			t.Fatalf("a lapsed lease was renewed: %v %v", ok, err)

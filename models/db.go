@@ -193,6 +193,10 @@ type Q struct {
 	d Dialect
 }
 
+// Context is the context q's statements run under (the request's, for
+// work a request started).
+func (q *Q) Context() context.Context { return q.g.Statement.Context }
+
 // Q returns queries that run outside any transaction.
 func (db *DB) Q(ctx context.Context) *Q {
 	return &Q{g: db.gorm.WithContext(ctx), d: db.dialect}

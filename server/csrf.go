@@ -58,9 +58,17 @@ func (s *Server) sameOrAllowedOrigin(r *http.Request) bool {
 		}
 		return false
 	}
+	return s.originAllowed(r, origin)
+}
+
+// originAllowed reports whether a browser origin (an Origin header's value)
+// is the request's own host or matches AllowedOrigins (host patterns such
+// as "app.example.com" or "*.example.com", or with a scheme). "null"
+// (sandboxed frames, file:, data:) never is.
+func (s *Server) originAllowed(r *http.Request, origin string) bool {
 	u, err := url.Parse(origin)
 	if err != nil || u.Host == "" {
-		return false // includes "null" (sandboxed frames, file:, data:)
+		return false
 	}
 	if strings.EqualFold(u.Host, r.Host) {
 		return true

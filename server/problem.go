@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/zndraw/joblib/internal/clientaddr"
 	"github.com/zndraw/joblib/internal/limits"
 	"github.com/zndraw/joblib/joblib"
 	"github.com/zndraw/joblib/models"
@@ -59,7 +60,11 @@ func writeProblem(w http.ResponseWriter, p Problem) {
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(p.Status)
-	_ = json.NewEncoder(w).Encode(p)
+	// A problem is JSON for programs and people, not HTML: "<token>" and
+	// "> threshold" stay readable.
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(p)
 }
 
 // fail answers err: a joblib.Error with its problem, anything else as a 500
@@ -71,7 +76,8 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 			// A budget rejection is the client's doing: at most a warning,
 			// never with the payload.
 			s.log.LogAttrs(r.Context(), slog.LevelDebug, "request past a budget",
-				slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.String("limit", e.Limit))
+				slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.String("limit", e.Limit),
+				slog.String("remote", clientaddr.Of(r)))
 		}
 		if e.RetryAfter > 0 {
 			w.Header().Set("Retry-After", strconv.Itoa(int(max(1, (e.RetryAfter+time.Second-1)/time.Second))))
@@ -123,7 +129,7 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 		return
 	}
 	s.log.LogAttrs(r.Context(), slog.LevelError, "request failed",
-		slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Any("err", err))
+		slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.String("remote", clientaddr.Of(r)), slog.Any("err", err))
 	writeProblem(w, Problem{Type: "/v1/problems/internal-error", Title: http.StatusText(500), Status: 500, Detail: "internal error"})
 }
 

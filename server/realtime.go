@@ -36,7 +36,8 @@ type RealtimeConfig struct {
 	KeepAliveInterval time.Duration `env:"SOCKET_KEEPALIVE_INTERVAL" envDefault:"0s"`
 	// AllowedOrigins are the browser origins (host patterns such as
 	// "app.example.com" or "*.example.com") allowed to connect; requests
-	// without an Origin header (workers) are always allowed.
+	// without an Origin header (workers) are always allowed. Empty: the
+	// server's Config.AllowedOrigins (the same variable).
 	AllowedOrigins []string `env:"ALLOWED_ORIGINS"`
 	// MaxMessageBytes caps one Socket.IO message or polling body.
 	MaxMessageBytes int64 `env:"SOCKET_MAX_MESSAGE_BYTES" envDefault:"1000000"`
@@ -137,7 +138,10 @@ func (s *Server) NewRealtime(cfg RealtimeConfig, log *slog.Logger) *Realtime {
 		log = slog.New(slog.DiscardHandler)
 	}
 	if cfg.KeepAliveInterval <= 0 {
-		cfg.KeepAliveInterval = min(10*time.Second, s.svc.Settings().WorkerTimeout/3)
+		cfg.KeepAliveInterval = KeepAliveInterval(cfg, s.svc.Settings().WorkerTimeout)
+	}
+	if len(cfg.AllowedOrigins) == 0 {
+		cfg.AllowedOrigins = s.cfg.AllowedOrigins
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	rt := &Realtime{
@@ -180,6 +184,7 @@ func (s *Server) NewRealtime(cfg RealtimeConfig, log *slog.Logger) *Realtime {
 			KeepRoom: func(room string) bool { return strings.HasPrefix(room, events.Room("")) },
 		},
 	}, rt)
+	s.keepAlive.Store(int64(cfg.KeepAliveInterval))
 	rt.dash = newDashHub(rt)
 	rt.startDashboard(s)
 	rt.fwd = newForwarder(s.svc, func(sid string) bool { return rt.io.Engine().Lookup(sid) != nil }, rt.io, log)
@@ -199,6 +204,7 @@ func (rt *Realtime) IO() *sio.Server { return rt.io }
 // Start subscribes to the bus and starts the keep-alive loop.
 func (rt *Realtime) Start() {
 	rt.unsub = rt.svc.Bus().Subscribe(rt.deliver)
+	rt.svc.OnCleanup(rt.closeRemoved)
 	if m, ok := rt.svc.Bus().(events.Monitored); ok {
 		m.Monitor().OnGap(func(events.Gap) {
 			// What this node records to replay has a hole now: no
@@ -603,14 +609,7 @@ func joinErrAck(err error) ack {
 // socket's caller may read the room of a job or provider it joins as a
 // worker.
 func (rt *Realtime) roomAccess(ctx context.Context, st *connState, fullName string) error {
-	if rt.rooms == nil {
-		return nil
-	}
-	room, _, _, ok := joblib.SplitFullName(fullName)
-	if !ok || joblib.ValidateRoomID(room) != nil {
-		return nil // not found by the existence check that follows
-	}
-	return rt.rooms.check(ctx, st.p, st.token, room, accessRead)
+	return rt.rooms.checkObject(ctx, st.p, st.token, fullName, accessRead)
 }
 
 func errAck(err error) ack {
@@ -749,9 +748,11 @@ func (rt *Realtime) keepAlive() {
 		if len(ids) == 0 {
 			continue
 		}
-		if _, err := rt.svc.KeepAlive(rt.ctx, ids); err != nil && !errors.Is(err, context.Canceled) {
+		gone, err := rt.svc.KeepAlive(rt.ctx, ids)
+		if err != nil && !errors.Is(err, context.Canceled) {
 			rt.log.Error("refresh socket-bound workers", "workers", len(ids), "err", err)
 		}
+		rt.dropWorkers(gone, "removed elsewhere")
 	}
 }
 

@@ -9,9 +9,11 @@ import (
 	"log/slog"
 	"net/http"
 	"runtime/debug"
+	"strings"
 	"sync/atomic"
 	"time"
 
+	"github.com/zndraw/joblib/internal/clientaddr"
 	"github.com/zndraw/joblib/internal/jsonguard"
 	"github.com/zndraw/joblib/internal/limits"
 	"github.com/zndraw/joblib/joblib"
@@ -42,9 +44,14 @@ type Config struct {
 	// that decides whether a JWT's caller is a superuser.
 	JWTSuperuserClaim string `env:"JWT_SUPERUSER_CLAIM"`
 	// AllowedOrigins are the browser origins (host patterns) besides the
-	// server's own host from which cookie-authenticated writes are accepted
-	// (and sockets opened).
+	// server's own host from which cookie-authenticated writes are accepted,
+	// sockets opened and the REST API called cross-origin (CORS, without
+	// credentials: see cors.go).
 	AllowedOrigins []string `env:"ALLOWED_ORIGINS"`
+	// TrustedProxies are the networks (CIDRs or addresses) of reverse
+	// proxies whose X-Forwarded-For / Forwarded headers name the client.
+	// Empty (the default): the TCP peer is the client.
+	TrustedProxies []string `env:"TRUSTED_PROXIES"`
 	// CredentialCacheTTL is how long a resolved token is reused without
 	// reading the database: revocations and expiries apply within it on
 	// every node. 0 disables the cache.
@@ -95,6 +102,14 @@ func (c Config) Validate() error {
 	if c.JWTSecret != "" && c.AdminToken != "" && looksLikeJWT(c.AdminToken) {
 		return errors.New("JOBLIB_ADMIN_TOKEN has the shape of a JWT (three dot-separated base64url parts) and JOBLIB_JWT_SECRET is set: it would be verified as a JWT and never match; choose an admin token without that shape (e.g. jl_...)")
 	}
+	if c.AdminToken != "" {
+		if err := checkAdminToken(c.AdminToken); err != nil {
+			return err
+		}
+	}
+	if _, err := clientaddr.ParseProxies(c.TrustedProxies); err != nil {
+		return fmt.Errorf("JOBLIB_TRUSTED_PROXIES: %w", err)
+	}
 	return c.RoomAuth.validate()
 }
 
@@ -108,12 +123,16 @@ type Server struct {
 	log        *slog.Logger
 	auth       *authenticator
 	rooms      *roomAuth // nil without JOBLIB_ROOM_AUTH_URL
+	proxies    clientaddr.Proxies
 	mux        *http.ServeMux
 	rejections *limits.Rejections
 
 	// Set by NewRealtime: the dashboard's trigger and snapshot.
 	dashPoke     atomic.Pointer[func()]
 	dashSnapshot atomic.Pointer[func(context.Context) (*DashboardView, error)]
+	// keepAlive is the socket keep-alive interval (set by NewRealtime):
+	// an operator sweep's threshold must be at least twice it.
+	keepAlive atomic.Int64
 }
 
 // New builds the HTTP server over a service.
@@ -144,6 +163,13 @@ func New(svc *joblib.Service, cfg Config, log *slog.Logger) *Server {
 
 		rejections: limits.NewRejections(),
 	}
+	proxies, err := clientaddr.ParseProxies(cfg.TrustedProxies)
+	if err != nil {
+		// Config.Validate refuses this at start-up; an embedder that did
+		// not call it gets no proxy trusted, never a spoofable address.
+		log.Error("JOBLIB_TRUSTED_PROXIES ignored", "err", err)
+	}
+	s.proxies = proxies
 	s.routes()
 	return s
 }
@@ -156,20 +182,26 @@ func (s *Server) Rejections() *limits.Rejections { return s.rejections }
 // Handle mounts an extra handler (Socket.IO, metrics) on the server's mux.
 func (s *Server) Handle(pattern string, h http.Handler) { s.mux.Handle(pattern, h) }
 
-// Handler is the root handler with recovery and problem+json for routing errors.
+// Handler is the root handler: it resolves the client address (see
+// clientaddr.Of), answers CORS for the REST API, recovers panics and turns
+// routing errors into problem+json.
 func (s *Server) Handler() http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return s.proxies.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		defer func() {
 			if v := recover(); v != nil {
 				if v == http.ErrAbortHandler {
 					panic(v)
 				}
-				s.log.Error("panic in handler", "method", r.Method, "path", r.URL.Path, "panic", v, "stack", string(debug.Stack()))
+				s.log.Error("panic in handler", "method", r.Method, "path", r.URL.Path, "remote", clientaddr.Of(r),
+					"panic", v, "stack", string(debug.Stack()))
 				writeProblem(w, Problem{Type: "/v1/problems/internal-error", Title: http.StatusText(500), Status: 500, Detail: "internal error"})
 			}
 		}()
+		if strings.HasPrefix(r.URL.Path, "/v1/") && s.cors(w, r) {
+			return
+		}
 		s.mux.ServeHTTP(&routingErrors{ResponseWriter: w}, r)
-	})
+	}))
 }
 
 // routingErrors turns the mux's plain-text 404 and 405 answers into problems.
@@ -185,7 +217,7 @@ func (rw *routingErrors) WriteHeader(code int) {
 		h.Del("X-Content-Type-Options")
 		p := Problem{Type: "/v1/problems/not-found", Title: http.StatusText(code), Status: code, Detail: "no such endpoint"}
 		if code == http.StatusMethodNotAllowed {
-			p.Type, p.Detail = "/v1/problems/method-not-allowed", "method not allowed on this endpoint"
+			p.Type, p.Detail = "/v1/problems/method-not-allowed", "method not allowed on this endpoint; allowed: "+h.Get("Allow")
 		}
 		writeProblem(rw.ResponseWriter, p)
 		return

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/zndraw/joblib/internal/clientaddr"
 	"github.com/zndraw/joblib/server/sio/engineio"
 )
 
@@ -19,7 +20,8 @@ type Handler interface {
 	// OnConnect runs when a client sends CONNECT for the namespace. req holds
 	// what is kept of the HTTP request that opened the Engine.IO session: method,
 	// host, remote address, path and query (up to 2 KiB) and the headers named
-	// in Config.KeepHeaders; its context is not the request's. auth is the
+	// in Config.KeepHeaders; its context is not the request's, but
+	// clientaddr.Of(req) is the client address of the request's. auth is the
 	// CONNECT JSON payload: nil for "40" (JS client without auth), "{}" for
 	// python without auth. A non-nil error refuses: the client gets
 	// CONNECT_ERROR {"message": err.Error()} plus "data" if the error implements
@@ -287,13 +289,14 @@ func (e engineHandler) OnClose(conn *engineio.Conn, reason string) {
 // headers) for its lifetime.
 type handshake struct {
 	method, proto, host, remote, path, query string
+	client                                   string   // clientaddr.Of the request
 	headers                                  []string // name, value, name, value...
 }
 
 func keepHandshake(r *http.Request, keep []string) *handshake {
 	h := &handshake{
 		method: r.Method, proto: r.Proto, host: strings.Clone(r.Host), remote: strings.Clone(r.RemoteAddr),
-		path: strings.Clone(r.URL.Path),
+		client: strings.Clone(clientaddr.Of(r)), path: strings.Clone(r.URL.Path),
 	}
 	if len(r.URL.RawQuery) <= 2048 {
 		h.query = strings.Clone(r.URL.RawQuery)
@@ -324,7 +327,7 @@ func (h *handshake) request() *http.Request {
 	for i := 0; i+1 < len(h.headers); i += 2 {
 		r.Header[h.headers[i]] = append(r.Header[h.headers[i]], h.headers[i+1])
 	}
-	return r
+	return r.WithContext(clientaddr.NewContext(context.Background(), h.client))
 }
 
 // tracker counts handler goroutines so that Shutdown can wait for them.

@@ -50,9 +50,9 @@ type Config struct {
 	// MaxSessions bounds the open sessions of the server (default 100_000);
 	// a handshake past it is answered 503.
 	MaxSessions int
-	// MaxSessionsPerAddr bounds the open sessions of one remote IP address
-	// (default 1_000); a handshake past it is answered 429. Behind a reverse
-	// proxy every client shares the proxy's address: raise it accordingly.
+	// MaxSessionsPerAddr bounds the open sessions of one client address
+	// (clientaddr.Of: the TCP peer, or behind a trusted reverse proxy the
+	// client it names; default 1_000); a handshake past it is answered 429.
 	MaxSessionsPerAddr int
 	// MaxHints bounds the hints (Conn.SendHint) waiting in one session's
 	// queue (default 32); further hints are dropped, never closing the session.

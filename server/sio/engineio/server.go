@@ -2,7 +2,6 @@ package engineio
 
 import (
 	"encoding/json"
-	"net"
 	"net/http"
 	"net/url"
 	"path"
@@ -11,6 +10,7 @@ import (
 	"sync/atomic"
 
 	"github.com/coder/websocket"
+	"github.com/zndraw/joblib/internal/clientaddr"
 )
 
 // Handler receives the life cycle of every session.
@@ -107,7 +107,7 @@ func (srv *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			// Logged: a browser refused for its origin otherwise only sees a
 			// CORS failure, and the operator nothing at all.
 			srv.cfg.Logger.Warn("socket refused: origin not allowed", "origin", r.Header.Get("Origin"), "host", r.Host,
-				"transport", transport, "remote", r.RemoteAddr)
+				"transport", transport, "remote", clientaddr.Of(r))
 			writeError(w, http.StatusForbidden, codeForbidden)
 			return
 		}
@@ -194,18 +194,10 @@ func (srv *Server) originAllowed(r *http.Request) bool {
 	return false
 }
 
-func remoteIP(r *http.Request) string {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		return r.RemoteAddr
-	}
-	return host
-}
-
 // open creates and registers a session within the session budgets and runs
 // Handler.OnOpen. On refusal it has answered w and returns nil.
 func (srv *Server) open(w http.ResponseWriter, r *http.Request, transport string) *Conn {
-	c := &Conn{srv: srv, addr: remoteIP(r), transport: transport}
+	c := &Conn{srv: srv, addr: clientaddr.Of(r), transport: transport}
 	c.q.max = srv.cfg.SendQueue
 	if transport == Polling {
 		c.wake = make(chan struct{}, 1)
