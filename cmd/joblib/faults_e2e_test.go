@@ -305,7 +305,7 @@ func TestFaultPausedNodes(t *testing.T) {
 func TestFaultPausedSQLiteNode(t *testing.T) {
 	t.Parallel()
 	joblibBinary(t)
-	const token = "jl_faults_sqlite"
+	token := "jl_faults_" + uuid.NewString()
 	p := startServe(t, "JOBLIB_DATABASE_URL="+filepath.Join(t.TempDir(), "faults.db"), "JOBLIB_ADMIN_TOKEN="+token,
 		"JOBLIB_WORKER_TIMEOUT=2s", "JOBLIB_SWEEPER_INTERVAL=1s", "JOBLIB_NODE_LEASE_TIMEOUT=1s")
 	base := p.base()
@@ -429,7 +429,7 @@ func TestFaultSQLiteDiskFull(t *testing.T) {
 	}
 	bin := joblibBinary(t)
 	dir := t.TempDir()
-	const token = "jl_faults_full"
+	token := "jl_faults_" + uuid.NewString()
 	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c",
 		`mount -t tmpfs -o size=3m tmpfs "$1" && exec "$2" serve`, "sh", dir, bin)
 	cmd.Env = append(hermeticEnv(), "JOBLIB_LISTEN_ADDR=127.0.0.1:0", "JOBLIB_DATABASE_URL="+filepath.Join(dir, "joblib.db"), "JOBLIB_ADMIN_TOKEN="+token)
@@ -509,7 +509,7 @@ func TestFaultTasksTableLocked(t *testing.T) {
 	t.Parallel()
 	joblibBinary(t)
 	dbURL := dbtest.URL(t, models.Postgres)
-	const token = "jl_faults_lock"
+	token := "jl_faults_" + uuid.NewString()
 	p := startServe(t, "JOBLIB_DATABASE_URL="+dbURL, "JOBLIB_ADMIN_TOKEN="+token, "JOBLIB_WORKER_TIMEOUT=2s", "JOBLIB_SWEEPER_INTERVAL=1s",
 		"JOBLIB_READ_DB_TIMEOUT=1s", "JOBLIB_WRITE_DB_TIMEOUT=1s")
 	base := p.base()
@@ -656,7 +656,7 @@ func TestFaultSlowDatabase(t *testing.T) {
 	}
 	proxy := startLatencyProxy(t, u.Host)
 	u.Host = proxy.ln.Addr().String()
-	const token = "jl_faults_slow"
+	token := "jl_faults_" + uuid.NewString()
 	p := startServe(t, "JOBLIB_DATABASE_URL="+u.String(), "JOBLIB_ADMIN_TOKEN="+token, "JOBLIB_WORKER_TIMEOUT=3s", "JOBLIB_SWEEPER_INTERVAL=1s")
 	base := p.base()
 	newWorker := func() string {
@@ -799,7 +799,7 @@ func TestFaultNATSOutage(t *testing.T) {
 	}
 	nats := startNATS()
 	dbURL := dbtest.URL(t, models.Postgres)
-	const token = "jl_faults_nats"
+	token := "jl_faults_" + uuid.NewString()
 	subject := "joblib.faults." + uuid.NewString()
 	env := func(name string) []string {
 		return []string{"JOBLIB_DATABASE_URL=" + dbURL, "JOBLIB_ADMIN_TOKEN=" + token, "JOBLIB_NODE_ID=" + name,
