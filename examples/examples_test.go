@@ -51,7 +51,7 @@ func startServer(t *testing.T, d models.Dialect, withSweeper bool) serverEnv {
 	sweeps := make(chan string, 1024)
 	if withSweeper {
 		// Its own lock: parallel tests on the shared PostgreSQL each sweep.
-		sw := joblib.NewSweeper(svc, joblib.SweeperConfig{Leader: db.NewSessionLock("sweeper-" + uuid.NewString())})
+		sw := joblib.NewSweeper(svc, joblib.SweeperConfig{Leader: db.NewLeaderLease("sweeper-"+uuid.NewString(), svc.Node().Run, 10*time.Second)})
 		sw.OnSweep(func(ev joblib.SweepEvent) {
 			select {
 			case sweeps <- ev.Outcome:

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 
 	"github.com/google/uuid"
 	"github.com/zndraw/joblib/events"
@@ -35,6 +36,7 @@ type Service struct {
 	progress  *progressCoalescer
 
 	node        Node
+	lease       atomic.Pointer[Lease] // this node's lease, once NewLease made it
 	fpObservers []func(FalsePositive)
 	pruneObs    []func(status string, n int64)
 

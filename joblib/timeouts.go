@@ -33,14 +33,14 @@ type TimedOutTask struct {
 // worker that held it, on whichever node that is. A task is timed out once
 // whichever node sweeps it (row locks and a status re-check). It is the
 // sweeper's duty; callers apply the sweeper's outage guard first.
-func (s *Service) TimeOutTasks(ctx context.Context, sweepID *uuid.UUID) ([]TimedOutTask, error) {
+func (s *Service) TimeOutTasks(ctx context.Context, sweepID *uuid.UUID, fence LeaderFence) ([]TimedOutTask, error) {
 	batch := max(1, min(s.Settings().SweepBatchSize, models.MaxCleanupBatch))
 	var all []TimedOutTask
 	for ctx.Err() == nil {
 		var out []TimedOutTask
 		err := s.mutate(ctx, func(q *models.Q, em *events.Set) error {
 			out = out[:0]
-			ts, err := q.TimeOutTasks(batch, AuditTaskTimeout, "sweeper", sweepID)
+			ts, err := q.TimeOutTasks(batch, AuditTaskTimeout, "sweeper", sweepID, fence)
 			if err != nil {
 				return err
 			}

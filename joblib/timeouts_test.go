@@ -235,7 +235,7 @@ func TestStuckTaskTimedOutOnceAcrossNodes(t *testing.T) {
 		var wg sync.WaitGroup
 		for _, s := range []*joblib.Service{b.svc, other.svc, b.svc, other.svc} {
 			wg.Go(func() {
-				if _, err := s.TimeOutTasks(b.ctx, nil); err != nil {
+				if _, err := s.TimeOutTasks(b.ctx, nil, joblib.LeaderFence{}); err != nil {
 					t.Error(err)
 				}
 			})
@@ -288,7 +288,7 @@ func TestCompletionRacingTimeoutExactlyOnce(t *testing.T) {
 					return
 				case <-time.After(5 * time.Millisecond):
 				}
-				if _, err := b.svc.TimeOutTasks(b.ctx, nil); err != nil {
+				if _, err := b.svc.TimeOutTasks(b.ctx, nil, joblib.LeaderFence{}); err != nil {
 					t.Error(err)
 					return
 				}

@@ -573,6 +573,37 @@ CREATE INDEX tasks_deadline_idx ON tasks (deadline_at) WHERE status IN ('claimed
 CREATE INDEX audit_log_action_idx ON audit_log (action, seq);
 `,
 	},
+	{
+		version: 130,
+		name:    "leadership leases",
+		// One row per leadership (the sweeper): the holder (a node run)
+		// renews it on the database clock, anyone takes it once it has
+		// expired, and the epoch moves on at each hand-over. The leader's
+		// writes carry the epoch (LeaderFence), so a leader that was paused
+		// and woke after a take-over writes nothing. A session advisory lock
+		// held leadership before: PostgreSQL keeps it for a stopped process
+		// as long as its connection lives.
+		postgres: `
+CREATE TABLE IF NOT EXISTS leases (
+	name        text PRIMARY KEY,
+	holder      text NOT NULL,
+	epoch       bigint NOT NULL,
+	acquired_at timestamptz NOT NULL,
+	renewed_at  timestamptz NOT NULL,
+	expires_at  timestamptz NOT NULL
+);
+`,
+		sqlite: `
+CREATE TABLE IF NOT EXISTS leases (
+	name        TEXT PRIMARY KEY,
+	holder      TEXT NOT NULL,
+	epoch       INTEGER NOT NULL,
+	acquired_at TEXT NOT NULL,
+	renewed_at  TEXT NOT NULL,
+	expires_at  TEXT NOT NULL
+);
+`,
+	},
 }
 
 // SchemaLockSQL takes the transaction-scoped advisory lock that serialises

@@ -100,7 +100,9 @@ const timeoutRequeue = "(j.on_timeout = 'requeue' AND tasks.attempt < j.max_atte
 // them (skipping rows another transaction holds), one changes them, one
 // writes an audit_log row (action) per task with the evidence. A task that
 // changed meanwhile is left alone, so each stuck task is timed out once.
-func (q *Q) TimeOutTasks(limit int, action, actor string, sweepID *uuid.UUID) ([]TimedOutTask, error) {
+// The change carries the leader's fence: a leader that stalled and woke
+// after another node took over times nothing out.
+func (q *Q) TimeOutTasks(limit int, action, actor string, sweepID *uuid.UUID, fence LeaderFence) ([]TimedOutTask, error) {
 	lock := ""
 	if q.d == Postgres {
 		lock = " FOR UPDATE SKIP LOCKED"
@@ -150,7 +152,8 @@ func (q *Q) TimeOutTasks(limit int, action, actor string, sweepID *uuid.UUID) ([
 	// The rows are locked (PostgreSQL; SQLite's one writer holds the
 	// database): no report or cleanup changed them since they were read.
 	in, arg := q.inIDs("tasks.id", ids)
-	rows, err := q.g.Raw("UPDATE tasks SET "+set+" FROM jobs j WHERE j.id = tasks.job_id AND "+in+" RETURNING "+ret, arg).Rows()
+	where, args := q.andLeader("j.id = tasks.job_id AND "+in, []any{arg}, fence)
+	rows, err := q.g.Raw("UPDATE tasks SET "+set+" FROM jobs j WHERE "+where+" RETURNING "+ret, args...).Rows()
 	if err != nil {
 		return nil, fmt.Errorf("time out stuck tasks: %w", mapErr(err))
 	}

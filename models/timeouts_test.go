@@ -55,7 +55,7 @@ func TestTaskDeadlinesIgnoreProcessClock(t *testing.T) {
 			if !ok {
 				t.Fatal("a report before the deadline was refused")
 			}
-			out, err := f.q.TimeOutTasks(10, "task_timeout", "test", nil)
+			out, err := f.q.TimeOutTasks(10, "task_timeout", "test", nil, models.LeaderFence{})
 			f.must(err)
 			if len(out) != 1 || out[0].ID != old || out[0].Status != models.StatusFailed || out[0].Limit != models.LimitTask || out[0].HeldBy != w {
 				t.Fatalf("timed out %+v, want only %s", out, old)

@@ -167,7 +167,7 @@ func TestCancelReachesTheHoldingWorker(t *testing.T) {
 		timed := e.do(e.bob, "POST", api+"/rooms/cx/tasks/cx:modifiers:Job", map[string]any{"payload": map[string]any{}, "timeout": 1}).want(202).M()["id"].(string)
 		e.claim(e.alice, wid)
 		time.Sleep(1100 * time.Millisecond)
-		if _, err := e.svc.TimeOutTasks(t.Context(), nil); err != nil {
+		if _, err := e.svc.TimeOutTasks(t.Context(), nil, joblib.LeaderFence{}); err != nil {
 			t.Fatal(err)
 		}
 		if ev := cancelled(timed); ev["reason"] != "Task timed out: task_timeout of 1s passed since the claim" {
@@ -213,7 +213,7 @@ func TestTaskCancelledReachesWorkerOnAnotherNode(t *testing.T) {
 	timed := a.do(a.bob, "POST", api+"/rooms/xn/tasks/xn:modifiers:Job", map[string]any{"payload": map[string]any{}, "timeout": 1}).want(202).M()["id"].(string)
 	a.claim(a.alice, wid)
 	time.Sleep(1100 * time.Millisecond)
-	if _, err := a.svc.TimeOutTasks(t.Context(), nil); err != nil {
+	if _, err := a.svc.TimeOutTasks(t.Context(), nil, joblib.LeaderFence{}); err != nil {
 		t.Fatal(err)
 	}
 	w.waitEvent("task_cancelled", 3*time.Second, func(m map[string]any) bool { return m["task_id"] == timed })
@@ -251,7 +251,7 @@ func TestTimeoutReachesUIWithinASweepInterval(t *testing.T) {
 		e := setup(t, db, withRealtime(realtimeCfg()), withSettings(func(s *joblib.Settings) {
 			s.WorkerTimeout, s.SweeperInterval = time.Second, interval
 		}))
-		sw := joblib.NewSweeper(e.svc, joblib.SweeperConfig{Jitter: -1, Probe: 50 * time.Millisecond, Leader: db.NewSessionLock("sweeper-" + uuid.NewString())})
+		sw := joblib.NewSweeper(e.svc, joblib.SweeperConfig{Jitter: -1, Probe: 50 * time.Millisecond, Leader: db.NewLeaderLease("sweeper-"+uuid.NewString(), e.svc.Node().Run, 10*time.Second)})
 		if err := sw.Start(t.Context()); err != nil {
 			t.Fatal(err)
 		}
