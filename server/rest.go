@@ -49,6 +49,7 @@ func (s *Server) routes() {
 	s.routesProviders(list, write)
 	s.routesDashboard(write)
 	s.routesOpenAPI()
+	s.routesMethods()
 
 	m.HandleFunc("GET /healthz", s.healthz)
 	m.HandleFunc("GET /readyz", s.readyz)
@@ -108,6 +109,7 @@ func (s *Server) principal(w http.ResponseWriter, r *http.Request) (joblib.Princ
 	if err == nil {
 		err = s.checkCookieWrite(r)
 	}
+	err = explainUnauthorized(r, err)
 	if err != nil {
 		if errors.Is(err, joblib.ErrUnauthorized) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="joblib"`)
@@ -118,17 +120,34 @@ func (s *Server) principal(w http.ResponseWriter, r *http.Request) (joblib.Princ
 	return p, true
 }
 
-// roomAccess asks the host (JOBLIB_ROOM_AUTH_URL) whether p may access room;
-// it answers the refusal (403) or outage (503) itself and returns false.
-func (s *Server) roomAccess(w http.ResponseWriter, r *http.Request, p joblib.Principal, room, access string) bool {
+// roomAccess asks the host (JOBLIB_ROOM_AUTH_URL) whether p may access each
+// of rooms; it answers the first refusal (403) or outage (503) itself and
+// returns false.
+func (s *Server) roomAccess(w http.ResponseWriter, r *http.Request, p joblib.Principal, access string, rooms ...string) bool {
 	if s.rooms == nil {
 		return true
 	}
-	if err := s.rooms.check(r.Context(), p, tokenFrom(r), room, access); err != nil {
-		s.fail(w, r, err)
-		return false
+	for _, room := range rooms {
+		if err := s.rooms.check(r.Context(), p, tokenFrom(r), room, access); err != nil {
+			s.fail(w, r, err)
+			return false
+		}
 	}
 	return true
+}
+
+// requestRooms returns the rooms a request under /rooms/{room} touches: the
+// room in its URL (where the caller stands, and where a submitted task
+// lands) and, when the route names a job or provider ({name...}: its
+// details, its tasks, a submission to it, a provider read), the room that
+// object belongs to. Reaching another room's object through one's own room
+// or through @global therefore needs access to that room too.
+func requestRooms(r *http.Request, room string) []string {
+	rooms := []string{room}
+	if own, ok := objectRoom(r.PathValue("name")); ok && own != room {
+		rooms = append(rooms, own)
+	}
+	return rooms
 }
 
 // read wraps a GET handler: authenticated unless PublicReads is on, and,
@@ -143,7 +162,7 @@ func (s *Server) read(h http.HandlerFunc) http.HandlerFunc {
 			}
 		}
 		if room := r.PathValue("room"); room != "" && joblib.ValidateRoomID(room) == nil {
-			if !s.roomAccess(w, r, p, room, accessRead) {
+			if !s.roomAccess(w, r, p, accessRead, requestRooms(r, room)...) {
 				return
 			}
 		}
@@ -153,7 +172,8 @@ func (s *Server) read(h http.HandlerFunc) http.HandlerFunc {
 
 // roomThenPrincipal validates the path's room before authenticating, the order
 // the contract's write endpoints use (an invalid room is 400 even without
-// credentials), then checks the caller's access to the room.
+// credentials), then checks the caller's access to the rooms the request
+// touches (requestRooms).
 func (s *Server) roomThenPrincipal(w http.ResponseWriter, r *http.Request, access string) (string, joblib.Principal, bool) {
 	room := r.PathValue("room")
 	if err := joblib.ValidateRoomID(room); err != nil {
@@ -162,7 +182,7 @@ func (s *Server) roomThenPrincipal(w http.ResponseWriter, r *http.Request, acces
 	}
 	p, ok := s.principal(w, r)
 	if ok {
-		ok = s.roomAccess(w, r, p, room, access)
+		ok = s.roomAccess(w, r, p, access, requestRooms(r, room)...)
 	}
 	return room, p, ok
 }
@@ -405,6 +425,10 @@ type registerJobBody struct {
 	WorkerID     *uuid.UUID      `json:"worker_id"`
 	OnWorkerLoss string          `json:"on_worker_loss"`
 	MaxAttempts  int             `json:"max_attempts"`
+	// Task limits in seconds and the timeout policy (optional).
+	TaskTimeout      *int   `json:"task_timeout"`
+	HeartbeatTimeout *int   `json:"heartbeat_timeout"`
+	OnTimeout        string `json:"on_timeout"`
 }
 
 // schemaOf picks the schema field (or its alias) and checks it is an object.
@@ -441,6 +465,7 @@ func (s *Server) registerJob(w http.ResponseWriter, r *http.Request) {
 	job, created, err := s.svc.RegisterJob(r.Context(), p, room, joblib.RegisterJobParams{
 		Category: *b.Category, Name: *b.Name, Schema: schema, WorkerID: b.WorkerID,
 		OnWorkerLoss: b.OnWorkerLoss, MaxAttempts: b.MaxAttempts,
+		TaskTimeout: b.TaskTimeout, HeartbeatTimeout: b.HeartbeatTimeout, OnTimeout: b.OnTimeout,
 	})
 	s.answer(w, r, createdOrOK(created), job, err)
 }
@@ -489,6 +514,8 @@ func (s *Server) submitTask(w http.ResponseWriter, r *http.Request) {
 	}
 	var b struct {
 		Payload json.RawMessage `json:"payload"`
+		// Timeout is the task's own task_timeout in seconds (optional).
+		Timeout *int `json:"timeout"`
 	}
 	if !s.decodeBody(w, r, &b) {
 		return
@@ -497,7 +524,7 @@ func (s *Server) submitTask(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, `field "payload": expected a JSON object`)
 		return
 	}
-	task, err := s.svc.SubmitTask(r.Context(), p, room, r.PathValue("name"), b.Payload)
+	task, err := s.svc.SubmitTaskWith(r.Context(), p, room, r.PathValue("name"), b.Payload, joblib.SubmitOptions{Timeout: b.Timeout})
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -591,7 +618,7 @@ func (s *Server) getTask(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 		}
-		if !s.roomAccess(w, r, p, t.RoomID, accessRead) {
+		if !s.roomAccess(w, r, p, accessRead, t.RoomID) {
 			return
 		}
 	}
@@ -620,9 +647,25 @@ func (s *Server) updateTask(w http.ResponseWriter, r *http.Request) {
 		Status *string         `json:"status"`
 		Error  *string         `json:"error"`
 		Result json.RawMessage `json:"result"`
+		// Progress is the holder's progress report, alone or with a status.
+		Progress json.RawMessage `json:"progress"`
 	}
 	if !s.decodeBody(w, r, &b) {
 		return
+	}
+	if pr, ok := progressOf(b.Progress); ok {
+		task, err := s.svc.ReportProgress(r.Context(), p, id, pr)
+		if b.Status == nil {
+			s.answer(w, r, http.StatusOK, task, err)
+			return
+		}
+		// With a status, the transition decides the answer: a progress the
+		// task does not take (a superuser's override, a task that is not
+		// held) is dropped, as before progress existed.
+		if _, refused := joblib.AsError(err); err != nil && !refused {
+			s.fail(w, r, err)
+			return
+		}
 	}
 	if b.Status == nil || !joblib.ValidStatus(*b.Status) {
 		badRequest(w, `field "status" must be one of pending, claimed, running, completed, failed, cancelled`)
@@ -630,6 +673,30 @@ func (s *Server) updateTask(w http.ResponseWriter, r *http.Request) {
 	}
 	task, err := s.svc.UpdateTaskResult(r.Context(), p, id, *b.Status, b.Error, b.Result)
 	s.answer(w, r, http.StatusOK, task, err)
+}
+
+// progressOf reads the "progress" of a task update: an object {current,
+// total, message}, or a bare number taken as current. Any other value is
+// ignored, as every field the server did not know was before progress
+// existed.
+func progressOf(raw json.RawMessage) (joblib.Progress, bool) {
+	var pr joblib.Progress
+	t := bytes.TrimSpace(raw)
+	if len(t) == 0 {
+		return pr, false
+	}
+	switch t[0] {
+	case '{':
+		return pr, json.Unmarshal(t, &pr) == nil
+	case '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9':
+		var n float64
+		if json.Unmarshal(t, &n) != nil {
+			return pr, false
+		}
+		pr.Current = &n
+		return pr, true
+	}
+	return pr, false
 }
 
 // --- health

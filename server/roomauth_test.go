@@ -23,6 +23,9 @@ type roomHost struct {
 	mu    sync.Mutex
 	got   []roomQuestion
 	admin string // this bearer token may use every room but "slow"
+	// own maps a bearer token to the one room (besides "open" and "ro") it
+	// may use, as a host giving each user a room of their own would.
+	own map[string]string
 }
 
 type roomQuestion struct {
@@ -44,6 +47,7 @@ func newRoomHost(t *testing.T) *roomHost {
 		h.mu.Lock()
 		h.got = append(h.got, q)
 		admin := h.admin != "" && q.Auth == "Bearer "+h.admin
+		own := h.own[strings.TrimPrefix(q.Auth, "Bearer ")] == q.RoomID
 		h.mu.Unlock()
 		switch {
 		case q.RoomID == "slow":
@@ -51,7 +55,7 @@ func newRoomHost(t *testing.T) *roomHost {
 			case <-r.Context().Done():
 			case <-time.After(5 * time.Second):
 			}
-		case q.RoomID == "open", q.RoomID == "ro" && q.Access == "read", admin:
+		case q.RoomID == "open", q.RoomID == "ro" && q.Access == "read", admin, own:
 			w.WriteHeader(http.StatusNoContent)
 		default:
 			http.Error(w, "no", http.StatusForbidden)

@@ -4,29 +4,25 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
-	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/zndraw/joblib/internal/sio/sioclient"
 )
 
-// sioClient is a minimal Socket.IO v5 client over websocket for tests: JSON
-// events, acks, and answering pings.
+// sioClient is the tests' Socket.IO connection (internal/sio/sioclient on
+// websocket, namespace "/"): it records every event and waits for acks.
 type sioClient struct {
 	t    testing.TB
-	conn *websocket.Conn
+	cl   *sioclient.Client
+	conn *websocket.Conn // for hand-made frames
+	done <-chan struct{} // closed when the connection has ended
 
-	mu      sync.Mutex
-	nextAck int
-	acks    map[int]chan json.RawMessage
-	events  []sioEvent
-	notify  chan struct{}
-	done    chan struct{}
-	readErr error
+	mu     sync.Mutex
+	events []sioEvent
+	notify chan struct{}
 }
 
 type sioEvent struct {
@@ -41,50 +37,21 @@ func dialSIO(t testing.TB, baseURL, token string) (*sioClient, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	u := "ws" + strings.TrimPrefix(baseURL, "http") + "/socket.io/?EIO=4&transport=websocket"
-	conn, _, err := websocket.Dial(ctx, u, nil)
+	c := &sioClient{t: t, notify: make(chan struct{}, 1)}
+	cl, err := sioclient.Dial(ctx, baseURL, sioclient.Options{
+		Auth:      map[string]string{"token": token},
+		ReadLimit: 1 << 20,
+		OnEvent:   c.record,
+	})
+	var refused *sioclient.ConnectError
+	if errors.As(err, &refused) {
+		return nil, errors.New(refused.Message)
+	}
 	if err != nil {
 		return nil, err
 	}
-	conn.SetReadLimit(1 << 20)
-	_, open, err := conn.Read(ctx)
-	if err != nil || len(open) == 0 || open[0] != '0' {
-		conn.CloseNow()
-		return nil, fmt.Errorf("no open packet: %q %v", open, err)
-	}
-	auth, _ := json.Marshal(map[string]string{"token": token})
-	if err := conn.Write(ctx, websocket.MessageText, append([]byte("40"), auth...)); err != nil {
-		conn.CloseNow()
-		return nil, err
-	}
-	for {
-		_, msg, err := conn.Read(ctx)
-		if err != nil {
-			conn.CloseNow()
-			return nil, err
-		}
-		s := string(msg)
-		switch {
-		case s == "2":
-			_ = conn.Write(ctx, websocket.MessageText, []byte("3"))
-			continue
-		case strings.HasPrefix(s, "40"):
-		case strings.HasPrefix(s, "44"):
-			var e struct {
-				Message string `json:"message"`
-			}
-			_ = json.Unmarshal([]byte(s[2:]), &e)
-			conn.CloseNow()
-			return nil, errors.New(e.Message)
-		default:
-			conn.CloseNow()
-			return nil, fmt.Errorf("unexpected packet %q", s)
-		}
-		break
-	}
-	c := &sioClient{t: t, conn: conn, acks: map[int]chan json.RawMessage{}, notify: make(chan struct{}, 1), done: make(chan struct{})}
-	go c.read()
-	t.Cleanup(func() { c.conn.CloseNow() })
+	c.cl, c.conn, c.done = cl, cl.Conn(), cl.Done()
+	t.Cleanup(cl.Kill)
 	return c, nil
 }
 
@@ -97,85 +64,35 @@ func mustDialSIO(t testing.TB, baseURL, token string) *sioClient {
 	return c
 }
 
-func (c *sioClient) read() {
-	defer close(c.done)
-	for {
-		_, msg, err := c.conn.Read(context.Background())
-		if err != nil {
-			c.mu.Lock()
-			c.readErr = err
-			c.mu.Unlock()
-			return
-		}
-		s := string(msg)
-		switch {
-		case s == "2":
-			_ = c.conn.Write(context.Background(), websocket.MessageText, []byte("3"))
-		case strings.HasPrefix(s, "42"):
-			var arr []json.RawMessage
-			if json.Unmarshal([]byte(s[2:]), &arr) != nil || len(arr) == 0 {
-				continue
-			}
-			var ev sioEvent
-			_ = json.Unmarshal(arr[0], &ev.Name)
-			if len(arr) > 1 {
-				_ = json.Unmarshal(arr[1], &ev.Payload)
-			}
-			ev.At = time.Now()
-			c.mu.Lock()
-			c.events = append(c.events, ev)
-			c.mu.Unlock()
-			select {
-			case c.notify <- struct{}{}:
-			default:
-			}
-		case strings.HasPrefix(s, "43"):
-			i := 2
-			for i < len(s) && s[i] >= '0' && s[i] <= '9' {
-				i++
-			}
-			id, _ := strconv.Atoi(s[2:i])
-			var arr []json.RawMessage
-			_ = json.Unmarshal([]byte(s[i:]), &arr)
-			c.mu.Lock()
-			ch := c.acks[id]
-			delete(c.acks, id)
-			c.mu.Unlock()
-			if ch != nil {
-				var first json.RawMessage
-				if len(arr) > 0 {
-					first = arr[0]
-				}
-				ch <- first
-			}
-		}
+// record keeps an event (on the client's read loop).
+func (c *sioClient) record(e sioclient.Event) {
+	ev := sioEvent{Name: e.Name, At: time.Now()}
+	if len(e.Args) > 0 {
+		_ = json.Unmarshal(e.Args[0], &ev.Payload)
+	}
+	c.mu.Lock()
+	c.events = append(c.events, ev)
+	c.mu.Unlock()
+	select {
+	case c.notify <- struct{}{}:
+	default:
 	}
 }
 
 // call emits an event with an ack and returns the ack's first argument.
 func (c *sioClient) call(name string, arg any) map[string]any {
 	c.t.Helper()
-	c.mu.Lock()
-	id := c.nextAck
-	c.nextAck++
-	ch := make(chan json.RawMessage, 1)
-	c.acks[id] = ch
-	c.mu.Unlock()
-	body, _ := json.Marshal([]any{name, arg})
-	if err := c.conn.Write(context.Background(), websocket.MessageText, []byte("42"+strconv.Itoa(id)+string(body))); err != nil {
-		c.t.Fatalf("emit %s: %v", name, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	a, err := c.cl.Call(ctx, name, arg)
+	if err != nil {
+		c.t.Fatalf("%s: no ack: %v", name, err)
 	}
-	select {
-	case raw := <-ch:
-		var m map[string]any
-		if err := json.Unmarshal(raw, &m); err != nil {
-			c.t.Fatalf("ack of %s: %q", name, raw)
-		}
-		return m
-	case <-time.After(10 * time.Second):
-		c.t.Fatalf("no ack for %s", name)
+	var m map[string]any
+	if err := a.Decode(&m); err != nil {
+		c.t.Fatalf("ack of %s: %s", name, a.Args)
 	}
-	return nil
+	return m
 }
 
 // mustCall is call that requires {"ok": true}.
@@ -204,8 +121,8 @@ func (c *sioClient) waitEvent(name string, within time.Duration, match func(map[
 		case <-c.notify:
 		case <-deadline:
 			c.t.Fatalf("no %s event within %s; got %v", name, within, c.names())
-		case <-c.done:
-			c.t.Fatalf("connection closed while waiting for %s: %v", name, c.readErr)
+		case <-c.cl.Done():
+			c.t.Fatalf("connection closed while waiting for %s: %v", name, c.cl.Err())
 		}
 	}
 }
@@ -235,4 +152,4 @@ func (c *sioClient) names() []string {
 
 // drop closes the TCP connection without any Socket.IO or websocket goodbye,
 // like a killed process.
-func (c *sioClient) drop() { c.conn.CloseNow() }
+func (c *sioClient) drop() { c.cl.Kill() }

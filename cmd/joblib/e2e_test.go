@@ -97,6 +97,13 @@ func launchServe(t *testing.T, env ...string) *proc {
 	cmd := exec.Command(joblibBinary(t), "serve")
 	cmd.Env = append(os.Environ(), append([]string{"JOBLIB_LISTEN_ADDR=127.0.0.1:0"}, env...)...)
 	cmd.Dir = t.TempDir()
+	return launchCmd(t, cmd)
+}
+
+// launchCmd starts cmd, a `joblib serve` (possibly behind a wrapper such as
+// unshare), without waiting for it to listen.
+func launchCmd(t *testing.T, cmd *exec.Cmd) *proc {
+	t.Helper()
 	pr, pw := io.Pipe()
 	p := &proc{cmd: cmd, stderr: &syncBuffer{}, stdout: &syncBuffer{}, done: make(chan error, 1), listening: make(chan string, 1)}
 	cmd.Stderr = io.MultiWriter(pw, p.stderr)
@@ -176,7 +183,7 @@ func callRaw(t *testing.T, method, url, token string, body []byte, hdr ...string
 // the process exits cleanly.
 func TestServeEndToEnd(t *testing.T) {
 	t.Parallel()
-	const token = "e2e-admin-token"
+	const token = testAdminToken
 	db := filepath.Join(t.TempDir(), "e2e.db")
 	p := startServe(t, "JOBLIB_DATABASE_URL="+db, "JOBLIB_ADMIN_TOKEN="+token)
 	base := "http://" + p.addr + "/v1/joblib"
