@@ -249,7 +249,8 @@ func TestOpenAPIValidationFailsOnDrift(t *testing.T) {
 	}
 	task := `{"id":"00000000-0000-4000-8000-000000000001","job_name":"r:c:n","room_id":"r","status":"pending",` +
 		`"created_at":"2026-11-23T20:01:37.031000Z","started_at":null,"completed_at":null,"worker_id":null,` +
-		`"error":null,"payload":{},"queue_position":0,"attempt":0,"result":null}`
+		`"error":null,"payload":{},"queue_position":0,"attempt":0,"result":null,"task_timeout":null,"heartbeat_timeout":null,` +
+		`"deadline_at":null,"progress":null,"progress_at":null}`
 	if err := answer(200, "application/json", task); err != nil {
 		t.Fatalf("a documented task was refused: %v", err)
 	}
