@@ -64,15 +64,17 @@ type authCache struct {
 }
 
 type authEntry struct {
-	p   joblib.Principal
-	exp time.Time
+	p  joblib.Principal
+	at time.Time // when the database (or the JWT) said so
 }
 
-func (c *authCache) get(key string, now time.Time) (joblib.Principal, bool) {
+// get returns a cached principal resolved less than maxAge (at most the
+// TTL) ago.
+func (c *authCache) get(key string, now time.Time, maxAge time.Duration) (joblib.Principal, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, ok := c.m[key]
-	if !ok || now.After(e.exp) {
+	if !ok || now.Sub(e.at) >= min(maxAge, c.ttl) {
 		return joblib.Principal{}, false
 	}
 	return e.p, true
@@ -87,7 +89,7 @@ func (c *authCache) put(key string, p joblib.Principal, now time.Time) {
 	if c.m == nil || len(c.m) >= authCacheMax {
 		c.m = make(map[string]authEntry)
 	}
-	c.m[key] = authEntry{p: p, exp: now.Add(c.ttl)}
+	c.m[key] = authEntry{p: p, at: now}
 }
 
 // tokenFrom extracts a bearer token from the Authorization header or the cookie.
@@ -108,11 +110,18 @@ func tokenFrom(r *http.Request) string {
 // authenticate resolves a raw token. Unknown, malformed or expired
 // credentials are joblib.ErrUnauthorized (a *joblib.AuthError names why).
 func (a *authenticator) authenticate(ctx context.Context, token string) (joblib.Principal, error) {
+	return a.authenticateFresh(ctx, token, a.cache.ttl)
+}
+
+// authenticateFresh is authenticate reusing only a resolution younger than
+// maxAge: the sockets' re-check uses it to close a revoked token's sockets
+// within the TTL, not within a tick plus the TTL.
+func (a *authenticator) authenticateFresh(ctx context.Context, token string, maxAge time.Duration) (joblib.Principal, error) {
 	if token == "" {
 		return joblib.Principal{}, joblib.ErrUnauthorized
 	}
 	key := joblib.HashToken(token)
-	if p, ok := a.cache.get(key, a.now()); ok {
+	if p, ok := a.cache.get(key, a.now(), maxAge); ok {
 		return p, nil
 	}
 	p, err := a.resolve(ctx, token)
