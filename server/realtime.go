@@ -738,16 +738,7 @@ func (rt *Realtime) expire(wid uuid.UUID, epoch int64) {
 // the tick takes): a tick every TTL reusing answers up to TTL old took up to
 // twice that. Most checks are answered by the caches.
 func (rt *Realtime) recheck() {
-	ttl := rt.auth.cache.ttl
-	if ttl <= 0 {
-		ttl = DefaultCredentialCacheTTL
-	}
-	every := max(ttl/4, 100*time.Millisecond)
-	credAge := max(ttl-every, 0)
-	var roomAge time.Duration
-	if rt.rooms != nil {
-		roomAge = max(rt.rooms.cfg.CacheTTL-every, 0)
-	}
+	every, credAge, roomAge := rt.recheckTimes()
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -779,6 +770,21 @@ func (rt *Realtime) recheck() {
 		}
 		wg.Wait()
 	}
+}
+
+// recheckTimes are the re-check's period and the oldest credential and room
+// answers it reuses.
+func (rt *Realtime) recheckTimes() (every, credAge, roomAge time.Duration) {
+	ttl := rt.auth.cache.ttl
+	if ttl <= 0 {
+		ttl = DefaultCredentialCacheTTL
+	}
+	every = max(ttl/4, 100*time.Millisecond)
+	credAge = max(ttl-every, 0)
+	if rt.rooms != nil {
+		roomAge = max(rt.rooms.cfg.CacheTTL-every, 0)
+	}
+	return every, credAge, roomAge
 }
 
 // recheckSocket is recheck for one socket.
@@ -858,9 +864,10 @@ func roomLeft(g roomGate, reason string) map[string]string {
 }
 
 // admitRooms asks the host again about the UI rooms of a session being
-// recovered (RecoveryConfig.Admit): a room it refuses is not restored, and
-// the client hears room_left for it after its CONNECT; a room it cannot
-// answer for is refused too unless room auth fails open.
+// recovered (RecoveryConfig.Admit), reusing only answers the re-check would
+// reuse: a room it refuses is not restored, and the client hears room_left
+// for it after its CONNECT; a room it cannot answer for is refused too
+// unless room auth fails open.
 func (rt *Realtime) admitRooms(ctx context.Context, s *sio.Socket, rooms []string) []string {
 	st, _ := s.Data().(*connState)
 	if rt.rooms == nil || st == nil {
@@ -868,6 +875,7 @@ func (rt *Realtime) admitRooms(ctx context.Context, s *sio.Socket, rooms []strin
 	}
 	ctx, cancel := context.WithTimeout(ctx, rt.rooms.cfg.Timeout)
 	defer cancel()
+	_, _, roomAge := rt.recheckTimes()
 	kept := rooms[:0]
 	for _, sioRoom := range rooms {
 		id, ok := strings.CutPrefix(sioRoom, events.Room(""))
@@ -876,7 +884,7 @@ func (rt *Realtime) admitRooms(ctx context.Context, s *sio.Socket, rooms []strin
 			continue
 		}
 		g := roomGate{room: id, access: accessRead}
-		if err := rt.rooms.check(ctx, st.p, st.token, id, accessRead); err != nil {
+		if err := rt.rooms.checkFresh(ctx, st.p, st.token, id, accessRead, roomAge); err != nil {
 			reason := cmp.Or(refusal(err), leftUnavailable)
 			rt.log.Info("recovered socket not given back a room", "socket", s.ID(), "user", st.p.Name, "room", id, "reason", reason)
 			_ = s.Emit(roomLeftEvent, roomLeft(g, reason))

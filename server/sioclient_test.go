@@ -32,36 +32,49 @@ type sioClient struct {
 type sioEvent struct {
 	Name    string
 	Payload map[string]any
-	At      time.Time
+	// Offset is a trailing string argument (connection state recovery).
+	Offset string
+	At     time.Time
 }
 
 // dialSIO connects and sends CONNECT with {"token": token}; it returns the
 // CONNECT_ERROR message as an error if the server refuses.
 func dialSIO(t testing.TB, baseURL, token string) (*sioClient, error) {
 	t.Helper()
+	c, _, err := dialSIOAuth(t, baseURL, map[string]any{"token": token})
+	return c, err
+}
+
+// dialSIOAuth is dialSIO with any CONNECT auth payload; it also returns the
+// CONNECT reply's payload (sid, and pid under connection state recovery).
+// A namespace DISCONNECT from the server is recorded as an event named
+// "disconnect".
+func dialSIOAuth(t testing.TB, baseURL string, authPayload map[string]any) (*sioClient, map[string]any, error) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	u := "ws" + strings.TrimPrefix(baseURL, "http") + "/socket.io/?EIO=4&transport=websocket"
 	conn, _, err := websocket.Dial(ctx, u, nil)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	conn.SetReadLimit(1 << 20)
 	_, open, err := conn.Read(ctx)
 	if err != nil || len(open) == 0 || open[0] != '0' {
 		conn.CloseNow()
-		return nil, fmt.Errorf("no open packet: %q %v", open, err)
+		return nil, nil, fmt.Errorf("no open packet: %q %v", open, err)
 	}
-	auth, _ := json.Marshal(map[string]string{"token": token})
+	auth, _ := json.Marshal(authPayload)
 	if err := conn.Write(ctx, websocket.MessageText, append([]byte("40"), auth...)); err != nil {
 		conn.CloseNow()
-		return nil, err
+		return nil, nil, err
 	}
+	var reply map[string]any
 	for {
 		_, msg, err := conn.Read(ctx)
 		if err != nil {
 			conn.CloseNow()
-			return nil, err
+			return nil, nil, err
 		}
 		s := string(msg)
 		switch {
@@ -69,23 +82,24 @@ func dialSIO(t testing.TB, baseURL, token string) (*sioClient, error) {
 			_ = conn.Write(ctx, websocket.MessageText, []byte("3"))
 			continue
 		case strings.HasPrefix(s, "40"):
+			_ = json.Unmarshal([]byte(s[2:]), &reply)
 		case strings.HasPrefix(s, "44"):
 			var e struct {
 				Message string `json:"message"`
 			}
 			_ = json.Unmarshal([]byte(s[2:]), &e)
 			conn.CloseNow()
-			return nil, errors.New(e.Message)
+			return nil, nil, errors.New(e.Message)
 		default:
 			conn.CloseNow()
-			return nil, fmt.Errorf("unexpected packet %q", s)
+			return nil, nil, fmt.Errorf("unexpected packet %q", s)
 		}
 		break
 	}
 	c := &sioClient{t: t, conn: conn, acks: map[int]chan json.RawMessage{}, notify: make(chan struct{}, 1), done: make(chan struct{})}
 	go c.read()
 	t.Cleanup(func() { c.conn.CloseNow() })
-	return c, nil
+	return c, reply, nil
 }
 
 func mustDialSIO(t testing.TB, baseURL, token string) *sioClient {
@@ -111,6 +125,8 @@ func (c *sioClient) read() {
 		switch {
 		case s == "2":
 			_ = c.conn.Write(context.Background(), websocket.MessageText, []byte("3"))
+		case s == "41":
+			c.add(sioEvent{Name: "disconnect", At: time.Now()})
 		case strings.HasPrefix(s, "42"):
 			var arr []json.RawMessage
 			if json.Unmarshal([]byte(s[2:]), &arr) != nil || len(arr) == 0 {
@@ -121,14 +137,11 @@ func (c *sioClient) read() {
 			if len(arr) > 1 {
 				_ = json.Unmarshal(arr[1], &ev.Payload)
 			}
-			ev.At = time.Now()
-			c.mu.Lock()
-			c.events = append(c.events, ev)
-			c.mu.Unlock()
-			select {
-			case c.notify <- struct{}{}:
-			default:
+			if len(arr) > 2 {
+				_ = json.Unmarshal(arr[len(arr)-1], &ev.Offset)
 			}
+			ev.At = time.Now()
+			c.add(ev)
 		case strings.HasPrefix(s, "43"):
 			i := 2
 			for i < len(s) && s[i] >= '0' && s[i] <= '9' {
@@ -149,6 +162,16 @@ func (c *sioClient) read() {
 				ch <- first
 			}
 		}
+	}
+}
+
+func (c *sioClient) add(ev sioEvent) {
+	c.mu.Lock()
+	c.events = append(c.events, ev)
+	c.mu.Unlock()
+	select {
+	case c.notify <- struct{}{}:
+	default:
 	}
 }
 
