@@ -225,7 +225,7 @@ func (s *Server) NewRealtime(cfg RealtimeConfig, log *slog.Logger) *Realtime {
 	}, rt)
 	rt.dash = newDashHub(rt)
 	rt.startDashboard(s)
-	rt.fwd = newForwarder(s.svc, func(sid string) bool { return rt.io.Engine().Lookup(sid) != nil }, rt.io, log)
+	rt.fwd = newForwarder(s.svc, func(sid string) bool { return rt.io.Engine().Lookup(sid) != nil }, rt.io, log, s.rejections.Inc)
 	return rt
 }
 
@@ -235,6 +235,10 @@ func (rt *Realtime) ServeHTTP(w http.ResponseWriter, r *http.Request) { rt.fwd.S
 
 // Forwarded is the number of socket requests forwarded to other nodes.
 func (rt *Realtime) Forwarded() int64 { return rt.fwd.forwarded.Load() }
+
+// NodeLookups is the number of node runs looked up in the database to
+// forward socket requests.
+func (rt *Realtime) NodeLookups() int64 { return rt.fwd.looked.Load() }
 
 // IO exposes the Socket.IO server (room sizes, socket counts).
 func (rt *Realtime) IO() *sio.Server { return rt.io }
