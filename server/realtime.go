@@ -757,20 +757,22 @@ func (rt *Realtime) recheck() {
 			socks = append(socks, s)
 		}
 		rt.mu.Unlock()
-		// A few at a time: a slow host must not hold up the whole tick.
-		sem := make(chan struct{}, 8)
+		// A few goroutines share the sockets: a slow answer must not hold
+		// up the whole tick, and most checks are cache hits not worth a
+		// goroutine each.
+		const workers = 8
 		var wg sync.WaitGroup
-		for _, s := range socks {
-			select {
-			case <-rt.stop:
-			case sem <- struct{}{}:
-				wg.Go(func() {
-					defer func() { <-sem }()
-					rt.recheckSocket(s, credAge, roomAge)
-				})
-				continue
-			}
-			break
+		for w := range workers {
+			wg.Go(func() {
+				for i := w; i < len(socks); i += workers {
+					select {
+					case <-rt.stop:
+						return
+					default:
+					}
+					rt.recheckSocket(socks[i], credAge, roomAge)
+				}
+			})
 		}
 		wg.Wait()
 	}
