@@ -101,12 +101,11 @@ func TestRoomProbeIsCheap(t *testing.T) {
 	t.Parallel()
 	dbtest.Each(t, func(t *testing.T, db *models.DB) {
 		host := newRoomHost(t)
-		cfg := server.DefaultConfig()
-		cfg.RoomAuth = server.DefaultRoomAuthConfig()
-		cfg.RoomAuth.URL = host.srv.URL
-		cfg.RoomAuth.CacheTTL = time.Minute
-		cfg.RoomAuth.Rate, cfg.RoomAuth.Burst = 5, 20
-		e := setup(t, db, withServer(cfg), withRealtime(realtimeCfg()))
+		tune := func(c *server.Config) {
+			c.RoomAuth.CacheTTL = time.Minute
+			c.RoomAuth.Rate, c.RoomAuth.Burst = 5, 20
+		}
+		e, _ := hostedEnv(t, db, host, tune, realtimeCfg())
 		e.do(e.alice, "GET", api+"/rooms/open/jobs", nil).want(200)
 		refused := 0
 		for i := range 200 {
@@ -145,12 +144,12 @@ func TestRoomProbeIsCheap(t *testing.T) {
 
 		// Least recently used eviction: a room in use survives random rooms
 		// filling the cache many times over.
-		lru := cfg
-		lru.RoomAuth.Rate = 0 // no budget: only the cache is looked at
-		lru.RoomAuth.CacheSize = 50
 		lruHost := newRoomHost(t)
-		lru.RoomAuth.URL = lruHost.srv.URL
-		l := setup(t, db, withServer(lru), withRealtime(realtimeCfg()))
+		l, _ := hostedEnv(t, db, lruHost, func(c *server.Config) {
+			tune(c)
+			c.RoomAuth.Rate = 0 // no budget: only the cache is looked at
+			c.RoomAuth.CacheSize = 50
+		}, realtimeCfg())
 		for i := range 300 {
 			if i%10 == 0 {
 				l.do(l.alice, "GET", api+"/rooms/open/jobs", nil).want(200)

@@ -103,6 +103,21 @@ func (h *roomHost) count(room, access string) int {
 	return n
 }
 
+// hostedEnv starts an API whose room auth asks host, with the room auth
+// configuration changed by tune, and makes its admin host's admin.
+func hostedEnv(t *testing.T, db *models.DB, host *roomHost, tune func(*server.Config), rc server.RealtimeConfig) (*env, server.Config) {
+	t.Helper()
+	cfg := server.DefaultConfig()
+	cfg.RoomAuth = server.DefaultRoomAuthConfig()
+	cfg.RoomAuth.URL = host.srv.URL
+	tune(&cfg)
+	e := setup(t, db, withServer(cfg), withRealtime(rc))
+	host.mu.Lock()
+	host.admin = e.admin
+	host.mu.Unlock()
+	return e, cfg
+}
+
 func roomAuthEnv(t *testing.T, db *models.DB, ra server.RoomAuthConfig) *env {
 	cfg := server.DefaultConfig()
 	cfg.RoomAuth = ra
@@ -261,15 +276,10 @@ func TestSocketLeavesWithdrawnRoom(t *testing.T) {
 	t.Parallel()
 	dbtest.Each(t, func(t *testing.T, db *models.DB) {
 		host := newRoomHost(t)
-		cfg := server.DefaultConfig()
-		cfg.CredentialCacheTTL = 400 * time.Millisecond // a tick every 100 ms
-		cfg.RoomAuth = server.DefaultRoomAuthConfig()
-		cfg.RoomAuth.URL = host.srv.URL
-		cfg.RoomAuth.CacheTTL = time.Second
-		e := setup(t, db, withServer(cfg), withRealtime(realtimeCfg()))
-		host.mu.Lock()
-		host.admin = e.admin
-		host.mu.Unlock()
+		e, cfg := hostedEnv(t, db, host, func(c *server.Config) {
+			c.CredentialCacheTTL = 400 * time.Millisecond // a tick every 100 ms
+			c.RoomAuth.CacheTTL = time.Second
+		}, realtimeCfg())
 		job := e.registerJob(e.alice, "open", "modifiers", "J")
 		worker := mustDialSIO(t, e.url, e.alice)
 		worker.mustCall("join_job_room", map[string]any{"job_name": "open:modifiers:J", "worker_id": job["worker_id"]})
@@ -320,10 +330,10 @@ func TestSocketLeavesWithdrawnRoom(t *testing.T) {
 		// The host goes away: fail closed leaves the room, fail open keeps it.
 		for _, failOpen := range []bool{false, true} {
 			down := newRoomHost(t)
-			c := cfg
-			c.RoomAuth.URL = down.srv.URL
-			c.RoomAuth.FailOpen = failOpen
-			e2 := setup(t, db, withServer(c), withRealtime(realtimeCfg()))
+			e2, c := hostedEnv(t, db, down, func(c *server.Config) {
+				c.CredentialCacheTTL = cfg.CredentialCacheTTL
+				c.RoomAuth.CacheTTL, c.RoomAuth.FailOpen = cfg.RoomAuth.CacheTTL, failOpen
+			}, realtimeCfg())
 			s := mustDialSIO(t, e2.url, e2.bob)
 			s.mustCall("join_room", map[string]any{"room_id": "open"})
 			down.srv.Close()
@@ -348,16 +358,9 @@ func TestRecoveredSocketAsksHostAgain(t *testing.T) {
 	t.Parallel()
 	dbtest.Each(t, func(t *testing.T, db *models.DB) {
 		host := newRoomHost(t)
-		cfg := server.DefaultConfig()
-		cfg.RoomAuth = server.DefaultRoomAuthConfig()
-		cfg.RoomAuth.URL = host.srv.URL
-		cfg.RoomAuth.CacheTTL = 500 * time.Millisecond
 		rc := realtimeCfg()
 		rc.RecoveryWindow = time.Minute
-		e := setup(t, db, withServer(cfg), withRealtime(rc))
-		host.mu.Lock()
-		host.admin = e.admin
-		host.mu.Unlock()
+		e, cfg := hostedEnv(t, db, host, func(c *server.Config) { c.RoomAuth.CacheTTL = 500 * time.Millisecond }, rc)
 		e.registerJob(e.admin, "@global", "modifiers", "J")
 		ui, first, err := dialSIOAuth(t, e.url, map[string]any{"token": e.bob, "recover": true})
 		if err != nil {

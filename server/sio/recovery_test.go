@@ -210,21 +210,28 @@ func TestRecoveryFreshSession(t *testing.T) {
 	}
 }
 
-// TestRecoveryOwner: a session is restored only to the socket's owner.
-func TestRecoveryOwner(t *testing.T) {
-	t.Parallel()
-	owner := func(s *Socket) string { v, _ := s.Data().(string); return v }
-	ts, _, store := recoveryServer(t, RecoveryConfig{Window: time.Minute, Owner: owner})
-	var mu sync.Mutex
-	user := "alice"
+// ownedBy makes OnConnect give each socket *user (read under mu) as its data;
+// dataOwner names it.
+func ownedBy(ts *testServer, mu *sync.Mutex, user *string) {
 	ts.h.mu.Lock()
+	defer ts.h.mu.Unlock()
 	ts.h.onConnect = func(s *Socket) error {
 		mu.Lock()
 		defer mu.Unlock()
-		s.SetData(user)
+		s.SetData(*user)
 		return nil
 	}
-	ts.h.mu.Unlock()
+}
+
+func dataOwner(s *Socket) string { v, _ := s.Data().(string); return v }
+
+// TestRecoveryOwner: a session is restored only to the socket's owner.
+func TestRecoveryOwner(t *testing.T) {
+	t.Parallel()
+	ts, _, store := recoveryServer(t, RecoveryConfig{Window: time.Minute, Owner: dataOwner})
+	var mu sync.Mutex
+	user := "alice"
+	ownedBy(ts, &mu, &user)
 	w, first := joinRoom(t, ts, "")
 	emitAt(t, ts, 1, 1)
 	wantEvent(t, w, 1)
@@ -285,11 +292,10 @@ func TestRecoveryOptIn(t *testing.T) {
 	wantEvent(t, wants, 1)
 }
 
-// TestRecoveryKeepRoom: a recovered socket gets back only the rooms KeepRoom
-// keeps.
-func TestRecoveryKeepRoom(t *testing.T) {
-	t.Parallel()
-	ts, _, store := recoveryServer(t, RecoveryConfig{Window: time.Minute, KeepRoom: func(r string) bool { return r == "r" }})
+// droppedFromTwoRooms connects a client to rooms "r" and "other", lets it
+// take broadcast o1 and drops it; it returns its CONNECT reply.
+func droppedFromTwoRooms(t *testing.T, ts *testServer, store *MemoryStore) connectReply {
+	t.Helper()
 	w, first := joinRoom(t, ts, "")
 	w.send(`421["join","other"]`)
 	if got := nextPacket(w); got != `431["joined"]` {
@@ -298,6 +304,15 @@ func TestRecoveryKeepRoom(t *testing.T) {
 	emitAt(t, ts, 1, 1)
 	wantEvent(t, w, 1)
 	dropped(t, w, store)
+	return first
+}
+
+// TestRecoveryKeepRoom: a recovered socket gets back only the rooms KeepRoom
+// keeps.
+func TestRecoveryKeepRoom(t *testing.T) {
+	t.Parallel()
+	ts, _, store := recoveryServer(t, RecoveryConfig{Window: time.Minute, KeepRoom: func(r string) bool { return r == "r" }})
+	first := droppedFromTwoRooms(t, ts, store)
 	w2, _ := openWS(t, ts)
 	w2.send(`40{"pid":"` + first.PID + `","offset":"o1"}`)
 	if r := readConnect(t, w2.next()); r != first {
@@ -338,12 +353,11 @@ func TestRecoveryAdmit(t *testing.T) {
 	var mu sync.Mutex
 	var asked [][]string
 	user := "alice"
-	owner := func(s *Socket) string { v, _ := s.Data().(string); return v }
 	admit := func(_ context.Context, s *Socket, rooms []string) []string {
 		mu.Lock()
 		asked = append(asked, slices.Clone(rooms))
 		mu.Unlock()
-		if owner(s) == "" {
+		if dataOwner(s) == "" {
 			t.Error("Admit ran before OnConnect set the socket's data")
 		}
 		var kept []string
@@ -356,23 +370,9 @@ func TestRecoveryAdmit(t *testing.T) {
 		}
 		return kept
 	}
-	ts, _, store := recoveryServer(t, RecoveryConfig{Window: time.Minute, Owner: owner, Admit: admit})
-	ts.h.mu.Lock()
-	ts.h.onConnect = func(s *Socket) error {
-		mu.Lock()
-		defer mu.Unlock()
-		s.SetData(user)
-		return nil
-	}
-	ts.h.mu.Unlock()
-	w, first := joinRoom(t, ts, "")
-	w.send(`421["join","other"]`)
-	if got := nextPacket(w); got != `431["joined"]` {
-		t.Fatalf("join ack = %q", got)
-	}
-	emitAt(t, ts, 1, 1)
-	wantEvent(t, w, 1)
-	dropped(t, w, store)
+	ts, _, store := recoveryServer(t, RecoveryConfig{Window: time.Minute, Owner: dataOwner, Admit: admit})
+	ownedBy(ts, &mu, &user)
+	first := droppedFromTwoRooms(t, ts, store)
 	emitAt(t, ts, 2, 2) // to "r", which the socket does not get back
 	if err := ts.srv.EmitToAt("other", "x1", "ev", map[string]int{"n": 0}); err != nil {
 		t.Fatal(err)
