@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/zndraw/joblib/internal/clientaddr"
 	"github.com/zndraw/joblib/internal/limits"
 	"github.com/zndraw/joblib/internal/lru"
 	"github.com/zndraw/joblib/internal/ratelimit"
@@ -139,7 +140,7 @@ func (f *forwarder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		f.next.ServeHTTP(w, r)
 		return
 	}
-	addr, err := f.addr(r.Context(), run, engineio.ClientIP(r))
+	addr, err := f.addr(r.Context(), run, clientaddr.Of(r))
 	if err != nil {
 		f.reject(limits.SessionLookups)
 		w.Header().Set("Content-Type", "application/json")

@@ -168,3 +168,52 @@ func TestRoomProbeIsCheap(t *testing.T) {
 		}
 	})
 }
+
+// Made-up bearer tokens (finding 7's class: an unauthenticated request that
+// costs a database lookup each). A credential refused is remembered for the
+// cache TTL, and refusals are a per-address budget: past it a credential
+// that is not cached answers 429 without a lookup, over REST and sockets.
+func TestMadeUpTokensAreCheap(t *testing.T) {
+	t.Parallel()
+	cfg := server.DefaultConfig()
+	cfg.AuthFailureRate, cfg.AuthFailureBurst = 5, 20
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		e := setup(t, db, withServer(cfg), withRealtime(realtimeCfg()))
+		e.do(e.alice, "GET", api+"/workers", nil).want(200) // cached from now on
+		bad := "jl_" + uuid.NewString()
+		before := e.api.CredentialLookups()
+		for range 30 {
+			if p := e.do(bad, "GET", api+"/workers", nil).problem(401, "unauthorized"); p["detail"] == nil {
+				t.Fatal("no detail")
+			}
+		}
+		if n := e.api.CredentialLookups() - before; n != 1 {
+			t.Fatalf("one bad token sent 30 times cost %d lookups", n)
+		}
+		before = e.api.CredentialLookups()
+		refused := 0
+		for range 200 {
+			r := e.do("jl_"+uuid.NewString(), "GET", api+"/workers", nil)
+			switch r.Status {
+			case http.StatusTooManyRequests:
+				r.problem(429, "rate-limited")
+				refused++
+			case http.StatusUnauthorized:
+			default:
+				t.Fatalf("made-up token: %d %s", r.Status, r.Body)
+			}
+		}
+		if n := e.api.CredentialLookups() - before; n > 40 {
+			t.Fatalf("200 made-up tokens cost %d lookups; the budget is 20 at once and 5/s", n)
+		}
+		if refused < 150 || e.api.Rejections().Value(limits.AuthFailures) < float64(refused) {
+			t.Fatalf("%d refused, %v counted", refused, e.api.Rejections().Value(limits.AuthFailures))
+		}
+		if _, err := dialSIO(t, e.url, "jl_"+uuid.NewString()); err == nil || err.Error() != "Too many refused credentials from this address" {
+			t.Fatalf("socket with a made-up token past the budget: %v", err)
+		}
+		// A credential in the cache still works from that address.
+		e.do(e.alice, "GET", api+"/workers", nil).want(200)
+		mustDialSIO(t, e.url, e.alice)
+	})
+}

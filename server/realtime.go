@@ -16,6 +16,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/zndraw/joblib/events"
+	"github.com/zndraw/joblib/internal/clientaddr"
 	"github.com/zndraw/joblib/joblib"
 	"github.com/zndraw/joblib/models"
 	"github.com/zndraw/joblib/server/sio"
@@ -391,10 +392,13 @@ func (rt *Realtime) OnConnect(ctx context.Context, s *sio.Socket, req *http.Requ
 	}
 	ctx, cancel := context.WithTimeout(ctx, 800*time.Millisecond)
 	defer cancel()
-	p, err := rt.auth.authenticate(ctx, token)
+	p, err := rt.auth.authenticate(clientaddr.NewContext(ctx, s.RemoteAddr()), token)
 	if err != nil {
 		if errors.Is(err, joblib.ErrUnauthorized) {
 			return connectError{"Unauthorized"}
+		}
+		if e, ok := joblib.AsError(err); ok && e.Code == joblib.CodeRateLimited {
+			return connectError{"Too many refused credentials from this address"}
 		}
 		rt.log.Error("authenticate socket", "err", err)
 		return connectError{"Authentication unavailable"}
@@ -532,7 +536,7 @@ func (rt *Realtime) handle(ctx context.Context, s *sio.Socket, st *connState, ev
 			return ack{OK: true}
 		}
 		if rt.rooms != nil {
-			if err := rt.rooms.check(withClientAddr(ctx, s.RemoteAddr()), st.p, st.token, *body.RoomID, accessRead); err != nil {
+			if err := rt.rooms.check(clientaddr.NewContext(ctx, s.RemoteAddr()), st.p, st.token, *body.RoomID, accessRead); err != nil {
 				return errAck(err)
 			}
 		}
@@ -655,7 +659,7 @@ func (rt *Realtime) roomAccess(ctx context.Context, s *sio.Socket, st *connState
 	if !ok || joblib.ValidateRoomID(room) != nil || specialRoom(room) {
 		return g, nil // not found by the existence check that follows, or joblib's own
 	}
-	if err := rt.rooms.check(withClientAddr(ctx, s.RemoteAddr()), st.p, st.token, room, accessRead); err != nil {
+	if err := rt.rooms.check(clientaddr.NewContext(ctx, s.RemoteAddr()), st.p, st.token, room, accessRead); err != nil {
 		return g, err
 	}
 	g.room, g.access = room, accessRead

@@ -18,7 +18,6 @@ import (
 	"github.com/zndraw/joblib/internal/jsonguard"
 	"github.com/zndraw/joblib/internal/limits"
 	"github.com/zndraw/joblib/joblib"
-	"github.com/zndraw/joblib/server/sio/engineio"
 )
 
 const prefix = "/v1/joblib"
@@ -124,7 +123,7 @@ func (s *Server) roomAccess(w http.ResponseWriter, r *http.Request, p joblib.Pri
 	if s.rooms == nil {
 		return true
 	}
-	if err := s.rooms.check(withClientAddr(r.Context(), engineio.ClientIP(r)), p, tokenFrom(r), room, access); err != nil {
+	if err := s.rooms.check(r.Context(), p, tokenFrom(r), room, access); err != nil {
 		s.fail(w, r, err)
 		return false
 	}

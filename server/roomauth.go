@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/zndraw/joblib/internal/clientaddr"
 	"github.com/zndraw/joblib/internal/limits"
 	"github.com/zndraw/joblib/internal/lru"
 	"github.com/zndraw/joblib/internal/ratelimit"
@@ -124,20 +125,13 @@ func newRoomAuth(cfg RoomAuthConfig) *roomAuth {
 // special rooms are joblib's own; the host does not know them.
 func specialRoom(room string) bool { return room == joblib.RoomGlobal || room == joblib.RoomInternal }
 
-// clientAddrKey carries the client address a room question is charged to.
-type clientAddrKey struct{}
-
-// withClientAddr charges the room questions asked under ctx to addr's budget.
-func withClientAddr(ctx context.Context, addr string) context.Context {
-	return context.WithValue(ctx, clientAddrKey{}, addr)
-}
-
 // check returns nil when p may access room, a *joblib.Error (403) when the
 // host refuses, and errRoomAuthUnavailable when it cannot say (unless the
 // configuration fails open). token is the caller's raw credential, forwarded
 // as a bearer token. A question whose answer is not cached is charged to the
-// client address ctx carries (withClientAddr); past that budget it is a 429
-// and the host is not asked.
+// client address ctx carries (clientaddr.FromContext: a REST request's, or
+// a socket's when the caller put it there); past that budget it is a 429 and
+// the host is not asked. The server's own re-checks carry none.
 func (ra *roomAuth) check(ctx context.Context, p joblib.Principal, token, room, access string) error {
 	if ra == nil {
 		return nil
@@ -159,7 +153,7 @@ func (ra *roomAuth) checkFresh(ctx context.Context, p joblib.Principal, token, r
 	if !cached || now.Sub(e.at) >= min(maxAge, ra.cfg.CacheTTL) {
 		// Refreshing an allowed answer is what every member of a room
 		// does once per TTL; anything else is charged to the address.
-		if addr, ok := ctx.Value(clientAddrKey{}).(string); ok && (!cached || !e.allowed) {
+		if addr := clientaddr.FromContext(ctx); addr != "" && (!cached || !e.allowed) {
 			if ok, wait := ra.misses.Allow(addr); !ok {
 				return &joblib.Error{Code: joblib.CodeRateLimited, Limit: limits.RoomAuthRate, RetryAfter: wait,
 					Detail: "too many room authorization questions from this address; retry after the time in Retry-After"}

@@ -71,6 +71,30 @@ func (l *Limiter[K]) Allow(key K) (bool, time.Duration) {
 	return false, max(wait, time.Millisecond)
 }
 
+// Ready reports whether key's bucket holds a token, without taking it, and
+// otherwise how long until it does: for a budget charged only when the
+// operation turns out to cost (Allow afterwards).
+func (l *Limiter[K]) Ready(key K) (bool, time.Duration) {
+	if l == nil || l.rate <= 0 {
+		return true, 0
+	}
+	now := l.now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	b := l.buckets[key]
+	if b == nil {
+		return true, 0
+	}
+	tokens := b.tokens
+	if el := now.Sub(b.at).Seconds(); el > 0 {
+		tokens = math.Min(l.burst, tokens+el*l.rate)
+	}
+	if tokens >= 1 {
+		return true, 0
+	}
+	return false, max(time.Duration((1-tokens)/l.rate*float64(time.Second)), time.Millisecond)
+}
+
 // dropFull forgets buckets that have refilled; l.mu is held.
 func (l *Limiter[K]) dropFull(now time.Time) {
 	for k, b := range l.buckets {
