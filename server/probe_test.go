@@ -104,12 +104,14 @@ func TestRoomProbeIsCheap(t *testing.T) {
 		tune := func(c *server.Config) {
 			c.RoomAuth.CacheTTL = time.Minute
 			c.RoomAuth.Rate, c.RoomAuth.Burst = 5, 20
+			c.TrustedProxies = []string{"127.0.0.1"} // the probe comes through a proxy
 		}
+		const prober, other = "X-Forwarded-For: 203.0.113.7", "X-Forwarded-For: 203.0.113.8"
 		e, _ := hostedEnv(t, db, host, tune, realtimeCfg())
 		e.do(e.alice, "GET", api+"/rooms/open/jobs", nil).want(200)
 		refused := 0
 		for i := range 200 {
-			r := e.do(e.alice, "GET", api+fmt.Sprintf("/rooms/probe-%d/jobs", i), nil)
+			r := e.do(e.alice, "GET", api+fmt.Sprintf("/rooms/probe-%d/jobs", i), nil, prober)
 			switch r.Status {
 			case http.StatusTooManyRequests:
 				r.problem(429, "rate-limited")
@@ -129,17 +131,25 @@ func TestRoomProbeIsCheap(t *testing.T) {
 			t.Fatalf("%d refused", refused)
 		}
 		// A cached answer costs nothing: the room in use still answers.
-		e.do(e.alice, "GET", api+"/rooms/open/jobs", nil).want(200)
-		// Socket joins spend the same address's budget.
+		e.do(e.alice, "GET", api+"/rooms/open/jobs", nil, prober).want(200)
+		// Another client behind the proxy has its own budget.
+		e.do(e.alice, "GET", api+"/rooms/elsewhere/jobs", nil, other).want(403)
+		// Socket joins are budgeted too (this socket's address is the
+		// proxy's own: it sends no forwarding header).
 		asked := len(host.questions())
 		c := mustDialSIO(t, e.url, e.bob)
-		for i := range 20 {
-			if a := c.call("join_room", map[string]any{"room_id": fmt.Sprintf("sock-probe-%d", i)}); a["status"] != float64(429) && a["status"] != float64(403) {
+		limited := 0
+		for i := range 80 {
+			switch a := c.call("join_room", map[string]any{"room_id": fmt.Sprintf("sock-probe-%d", i)}); a["status"] {
+			case float64(429):
+				limited++
+			case float64(403):
+			default:
 				t.Fatalf("join probe: %v", a)
 			}
 		}
-		if n := len(host.questions()) - asked; n > 10 {
-			t.Fatalf("20 socket joins of random rooms past the budget cost %d host questions", n)
+		if n := len(host.questions()) - asked; n > 40 || limited < 40 {
+			t.Fatalf("80 socket joins of random rooms cost %d host questions (%d refused); the budget is 20 at once and 5/s", n, limited)
 		}
 
 		// Least recently used eviction: a room in use survives random rooms
