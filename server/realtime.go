@@ -803,10 +803,10 @@ func (rt *Realtime) recheckSocket(s *sio.Socket, credAge, roomAge time.Duration)
 	if st == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(rt.ctx, 5*time.Second)
-	defer cancel()
 	if !st.anon {
+		ctx, cancel := context.WithTimeout(rt.ctx, 5*time.Second)
 		_, err := rt.auth.authenticateFresh(ctx, st.token, credAge)
+		cancel()
 		if errors.Is(err, joblib.ErrUnauthorized) {
 			rt.log.Info("socket credential no longer valid; disconnecting", "socket", s.ID(), "user", st.p.Name, "err", err)
 			s.Disconnect()
@@ -821,7 +821,9 @@ func (rt *Realtime) recheckSocket(s *sio.Socket, credAge, roomAge time.Duration)
 	maps.Copy(gates, st.gates)
 	st.mu.Unlock()
 	for sioRoom, g := range gates {
-		reason := refusal(rt.rooms.checkFresh(ctx, st.p, st.token, g.room, g.access, roomAge))
+		// Each question has the host's own timeout: a socket in many rooms
+		// does not run out of time and leave the last ones as unavailable.
+		reason := refusal(rt.rooms.checkFresh(rt.ctx, st.p, st.token, g.room, g.access, roomAge))
 		if reason == "" || rt.ctx.Err() != nil {
 			continue
 		}
