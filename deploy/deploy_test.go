@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/zndraw/joblib/internal/dbtest"
@@ -345,4 +346,134 @@ func exportedMetrics(t *testing.T) map[string]bool {
 		names[mf.GetName()] = true
 	}
 	return names
+}
+
+// proxyFiles lists the proxy configurations of one kind (nginx, caddy).
+func proxyFiles(t *testing.T, glob string) []string {
+	t.Helper()
+	files, err := filepath.Glob(glob)
+	if err != nil || len(files) < 2 {
+		t.Fatalf("%s: %v %v, want both layouts (own origin, one origin)", glob, files, err)
+	}
+	return files
+}
+
+// nginxTest runs `nginx -t` (Debian's nginx, installed by scripts/test.sh)
+// on a main configuration that includes file, in a private prefix: the way
+// a user drops the file into /etc/nginx/conf.d/.
+func nginxTest(t *testing.T, file string) {
+	t.Helper()
+	abs, err := filepath.Abs(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	main := filepath.Join(dir, "nginx.conf")
+	conf := "pid " + filepath.Join(dir, "nginx.pid") + ";\nerror_log stderr;\nevents {}\nhttp {\n    include " + abs + ";\n}\n"
+	if err := os.WriteFile(main, []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(nginxBinary(), "-t", "-p", dir, "-c", main, "-e", "stderr").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "test is successful") {
+		t.Fatalf("nginx -t with %s (scripts/test.sh installs Debian's nginx): %v\n%s", file, err, out)
+	}
+}
+
+// nginxBinary is Debian's nginx, also when /usr/sbin is not on PATH.
+func nginxBinary() string {
+	if p, err := exec.LookPath("nginx"); err == nil {
+		return p
+	}
+	return "/usr/sbin/nginx"
+}
+
+var (
+	nginxTimeout = regexp.MustCompile(`(?m)^\s*proxy_(read|send)_timeout\s+(\S+);`)
+	caddyTimeout = regexp.MustCompile(`(?m)^\s*read_timeout\s+(\S+)$`)
+)
+
+// longestHold is the longest joblib keeps a proxied request or socket
+// silent with its default settings: a long-poll's longest Prefer: wait, and
+// a websocket between two pings plus the ping timeout. A proxy read timeout
+// must exceed both, or it cuts them off with a 504 or a closed socket.
+func longestHold() time.Duration {
+	st := joblib.DefaultSettings()
+	rt := server.DefaultRealtimeConfig()
+	return max(st.LongPollMaxWait, st.ProviderLongPollMax, rt.PingInterval+rt.PingTimeout)
+}
+
+// The nginx configurations of both layouts pass nginx -t, upgrade
+// websockets, keep Host, forward the client address, do not buffer, allow
+// joblib's largest bodies and read longer than joblib holds a request.
+func TestNginxConfigs(t *testing.T) {
+	t.Parallel()
+	for _, f := range proxyFiles(t, "nginx/*.conf") {
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			t.Parallel()
+			nginxTest(t, f)
+			raw, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			conf := string(raw)
+			for _, want := range []string{"proxy_http_version 1.1;", "proxy_set_header Upgrade $http_upgrade;",
+				"proxy_set_header Connection $connection_upgrade;", "proxy_set_header Host $http_host;",
+				"proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;", "proxy_buffering off;",
+				"client_max_body_size 16m;", "upstream joblib {"} {
+				if !strings.Contains(conf, want) {
+					t.Errorf("%s lacks %q", f, want)
+				}
+			}
+			if n := strings.Count(conf[strings.Index(conf, "upstream joblib {"):], "\n    server 127.0.0.1:"); n < 2 {
+				t.Errorf("%s: %d joblib nodes upstream, want two or more", f, n)
+			}
+			ts := nginxTimeout.FindAllStringSubmatch(conf, -1)
+			if len(ts) == 0 {
+				t.Fatalf("%s sets no proxy_read_timeout (nginx's default, 60 s, is not above %s)", f, longestHold())
+			}
+			for _, m := range ts {
+				if d, err := time.ParseDuration(m[2]); err != nil || d <= longestHold() {
+					t.Errorf("%s: proxy_%s_timeout %s, want above %s", f, m[1], m[2], longestHold())
+				}
+			}
+		})
+	}
+}
+
+// The Caddy configurations of both layouts pass caddy validate (Debian's
+// caddy, installed by scripts/test.sh), balance over two or more nodes
+// and read longer than joblib holds a request.
+func TestCaddyConfigs(t *testing.T) {
+	t.Parallel()
+	for _, f := range proxyFiles(t, "caddy/*.Caddyfile") {
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			t.Parallel()
+			home := t.TempDir() // caddy keeps its state under $HOME / XDG dirs
+			cmd := exec.Command("caddy", "validate", "--config", f, "--adapter", "caddyfile")
+			cmd.Env = append(os.Environ(), "HOME="+home, "XDG_DATA_HOME="+home, "XDG_CONFIG_HOME="+home)
+			out, err := cmd.CombinedOutput()
+			if err != nil || !strings.Contains(string(out), "Valid configuration") {
+				t.Fatalf("caddy validate %s (scripts/test.sh installs Debian's caddy): %v\n%s", f, err, out)
+			}
+			raw, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			conf := string(raw)
+			for _, want := range []string{"reverse_proxy 127.0.0.1:8081 127.0.0.1:8082 {", "flush_interval -1", "health_uri /readyz", "max_size 16MB"} {
+				if !strings.Contains(conf, want) {
+					t.Errorf("%s lacks %q", f, want)
+				}
+			}
+			ts := caddyTimeout.FindAllStringSubmatch(conf, -1)
+			if len(ts) == 0 {
+				t.Errorf("%s sets no transport read_timeout", f)
+			}
+			for _, m := range ts {
+				if d, err := time.ParseDuration(m[1]); err != nil || d <= longestHold() {
+					t.Errorf("%s: read_timeout %s, want above %s", f, m[1], longestHold())
+				}
+			}
+		})
+	}
 }

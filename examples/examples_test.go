@@ -246,11 +246,16 @@ func TestGoWorkerExample(t *testing.T) {
 	if out, err := exec.Command("go", "build", "-o", bin, "./go-worker").CombinedOutput(); err != nil {
 		t.Fatalf("build go-worker: %v\n%s", err, out)
 	}
+	// Without configuration it talks to the server's default address.
+	help, _ := exec.Command(bin, "-h").CombinedOutput()
+	if !strings.Contains(string(help), `(default "http://localhost:8080")`) {
+		t.Fatalf("go-worker -h:\n%s", help)
+	}
 	for _, d := range dbtest.Dialects {
 		t.Run(string(d), func(t *testing.T) {
 			t.Parallel()
 			e := startServer(t, d, true)
-			cmd, lines, stderr := process(t, bin, []string{"JOBLIB_URL=" + e.url, "JOBLIB_TOKEN=" + e.worker}, "-room", "gosdk")
+			cmd, lines, stderr := process(t, bin, []string{"JOBLIB_CLIENT_URL=" + e.url, "JOBLIB_CLIENT_TOKEN=" + e.worker}, "-room", "gosdk")
 			wid := expectLine(t, lines, "ready ", stderr)
 			acting := time.Time{}
 			deadline := time.After(30 * time.Second)

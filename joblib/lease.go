@@ -80,6 +80,8 @@ func (l *Lease) loop(ctx context.Context) {
 			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			if err := l.svc.db.Q(sctx).ExpireNodeLease(n.Run); err != nil {
 				l.log.Warn("end node lease", "err", err)
+			} else {
+				l.log.Info("node lease ended: clean stop; its sockets count as closed now", "node", n.ID, "run", n.Run)
 			}
 			cancel()
 			return
@@ -150,7 +152,11 @@ func (s *Service) ReapLostNodes(ctx context.Context, grace time.Duration) (NodeR
 			return out, err
 		}
 		out.Nodes = append(out.Nodes, n)
-		s.log.Warn("node lost: its lease lapsed; released its sockets", "node", n.NodeID, "run", n.Run,
+		level, msg := slog.LevelWarn, "node lost: its lease lapsed; released its sockets"
+		if n.Stopped() {
+			level, msg = slog.LevelInfo, "node stopped cleanly: released its sockets"
+		}
+		s.log.Log(ctx, level, msg, "node", n.NodeID, "run", n.Run,
 			"lease_expired", n.ExpiresAt.Time, "workers_cleaned", res.Cleaned, "tasks_failed", res.TasksFailed, "tasks_requeued", res.TasksRequeued)
 	}
 	return out, nil

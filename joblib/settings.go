@@ -252,7 +252,7 @@ func (l *List) UnmarshalText(b []byte) error {
 	if strings.HasPrefix(s, "[") {
 		var v []string
 		if err := json.Unmarshal([]byte(s), &v); err != nil {
-			return fmt.Errorf("parse list %q: %w", s, err)
+			return fmt.Errorf("must be a comma-separated list such as modifiers,analysis or a JSON list of strings such as [\"modifiers\",\"analysis\"]")
 		}
 		*l = v
 		return nil

@@ -86,14 +86,17 @@ func (t Task) Terminal() bool { return events.Terminal(t.Status) }
 
 // Provider is a provider as the API returns it.
 type Provider struct {
-	ID        uuid.UUID       `json:"id"`
-	RoomID    string          `json:"room_id"`
-	Category  string          `json:"category"`
-	Name      string          `json:"name"`
-	FullName  string          `json:"full_name"`
-	Schema    json.RawMessage `json:"schema"`
-	WorkerID  uuid.UUID       `json:"worker_id"`
-	CreatedAt events.Time     `json:"created_at"`
+	ID       uuid.UUID       `json:"id"`
+	RoomID   string          `json:"room_id"`
+	Category string          `json:"category"`
+	Name     string          `json:"name"`
+	FullName string          `json:"full_name"`
+	Schema   json.RawMessage `json:"schema"`
+	// ContentType is the media type reads answer with (beyond the
+	// contract's ProviderResponse, which has none).
+	ContentType string      `json:"content_type"`
+	WorkerID    uuid.UUID   `json:"worker_id"`
+	CreatedAt   events.Time `json:"created_at"`
 }
 
 func wireTime(t models.Time) events.Time { return events.Time{Time: t.Time} }
@@ -140,7 +143,7 @@ func taskView(t models.Task) Task {
 func providerView(p models.Provider) Provider {
 	return Provider{
 		ID: p.ID, RoomID: p.RoomID, Category: p.Category, Name: p.Name, FullName: p.FullName(),
-		Schema: rawJSON(p.Schema), WorkerID: p.WorkerID, CreatedAt: wireTime(p.CreatedAt),
+		Schema: rawJSON(p.Schema), ContentType: p.ContentType, WorkerID: p.WorkerID, CreatedAt: wireTime(p.CreatedAt),
 	}
 }
 

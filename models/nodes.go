@@ -20,6 +20,10 @@ type NodeLease struct {
 	Live bool
 }
 
+// Stopped reports whether the lease was ended by its node's clean stop
+// (ExpireNodeLease) rather than left to lapse.
+func (n NodeLease) Stopped() bool { return !n.RenewedAt.Before(n.ExpiresAt.Time) }
+
 // after returns an SQL expression for "database now plus d" and its argument.
 func (q *Q) after(d time.Duration) (string, any) {
 	if q.d == Postgres {
@@ -59,9 +63,10 @@ func (q *Q) RenewNodeLease(run string, ttl time.Duration) (bool, error) {
 }
 
 // ExpireNodeLease ends this run's lease now (a graceful stop): the sockets it
-// held count as closed from this moment.
+// held count as closed from this moment. Its renewed_at is set to the same
+// instant, which marks the lease as ended rather than lapsed (Stopped).
 func (q *Q) ExpireNodeLease(run string) error {
-	err := q.g.Exec("UPDATE nodes SET expires_at = "+q.now()+" WHERE run = ? AND expires_at > "+q.now(), run).Error
+	err := q.g.Exec("UPDATE nodes SET expires_at = "+q.now()+", renewed_at = "+q.now()+" WHERE run = ? AND expires_at > "+q.now(), run).Error
 	if err != nil {
 		return fmt.Errorf("expire node lease: %w", mapErr(err))
 	}

@@ -69,6 +69,18 @@ func (q *Q) TouchWorker(id uuid.UUID) (Worker, error) {
 	return ws[0], nil
 }
 
+// ExistingWorkers returns which of ids are workers.
+func (q *Q) ExistingWorkers(ids []uuid.UUID) ([]uuid.UUID, error) {
+	out := []uuid.UUID{}
+	if len(ids) == 0 {
+		return out, nil
+	}
+	if err := q.g.Raw("SELECT id FROM workers WHERE id IN ?", ids).Scan(&out).Error; err != nil {
+		return nil, fmt.Errorf("existing workers: %w", mapErr(err))
+	}
+	return out, nil
+}
+
 // TouchWorkers refreshes the heartbeat of many workers in one statement and
 // returns how many rows it touched.
 func (q *Q) TouchWorkers(ids []uuid.UUID) (int64, error) {

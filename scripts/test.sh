@@ -2,7 +2,8 @@
 # The one test command (README, .ci/run). It prepares everything a fresh machine lacks:
 # a running PostgreSQL with a `test` database reachable on 127.0.0.1:5432, the Node
 # Socket.IO test client (npm ci), Debian's python3-socketio, a NATS server on 127.0.0.1:4222,
-# promtool (Debian's prometheus), systemd-analyze and python3-yaml for the deploy artefacts, Debian's chromium
+# promtool (Debian's prometheus), systemd-analyze, python3-yaml, nginx and caddy for the deploy artefacts,
+# python3-fastapi, python3-uvicorn and python3-jwt for the example host app, Debian's chromium
 # for the dashboard's browser tests, then runs
 # the Go suite with -race (which also builds the static binary of the Dockerfile, deploy/deploy_test.go).
 set -euo pipefail
@@ -70,16 +71,32 @@ ensure_node_client() {
 
 ensure_deploy_tools() {
   # deploy/deploy_test.go: promtool checks and unit-tests the alert rules,
-  # systemd-analyze verifies the unit, python3-yaml parses the compose file.
+  # systemd-analyze verifies the unit, python3-yaml parses the compose file,
+  # nginx -t and caddy validate check the proxy configurations (deploy/nginx,
+  # deploy/caddy), and cmd/joblib's proxy test runs nginx in front of two
+  # nodes and the example host app (examples/host: FastAPI, uvicorn, PyJWT).
   local want=()
   command -v promtool >/dev/null 2>&1 || want+=(prometheus)
+  [ -x /usr/sbin/nginx ] || want+=(nginx)
+  [ -x /usr/bin/caddy ] || want+=(caddy)
+  /usr/bin/python3 -c 'import fastapi, uvicorn, jwt' >/dev/null 2>&1 || want+=(python3-fastapi python3-uvicorn python3-jwt)
   command -v systemd-analyze >/dev/null 2>&1 || want+=(systemd)
   /usr/bin/python3 -c 'import yaml' >/dev/null 2>&1 || want+=(python3-yaml)
   if [ "${#want[@]}" -gt 0 ]; then
     log "installing ${want[*]}"
+    # The tests run nginx and caddy as their own child processes. Their
+    # Debian services both want port 80: on a machine with an init system the
+    # second would fail to start and fail its package's install. A
+    # policy-rc.d that refuses service starts (unless one exists) prevents it.
+    local policy=/usr/sbin/policy-rc.d made_policy=0 rc=0
+    if [ ! -e "$policy" ]; then
+      printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy" && made_policy=1
+    fi
     apt_updated=1 # the package lists may be old but suffice for these
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${want[@]}" >/dev/null ||
-      { apt_updated=0; apt_install --no-install-recommends "${want[@]}"; }
+      { apt_updated=0; apt_install --no-install-recommends "${want[@]}"; } || rc=$?
+    [ "$made_policy" = 0 ] || rm -f "$policy"
+    return "$rc"
   fi
 }
 

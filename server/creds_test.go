@@ -160,9 +160,13 @@ func TestAdminTokenRotation(t *testing.T) {
 	if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), "JOBLIB_ADMIN_TOKEN") {
 		t.Fatalf("JWT-shaped admin token accepted: %v", err)
 	}
-	bad.AdminToken = "no.dots-but.not-a-jwt"
+	bad.AdminToken = "no.dots-but.not-a-jwt_5e1cc4797f9d70493f38e7675e2adb67"
 	if err := bad.Validate(); err != nil {
 		t.Fatalf("dotted non-JWT admin token refused: %v", err)
+	}
+	bad.AdminToken = "admintok"
+	if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), "JOBLIB_ADMIN_TOKEN is 8 characters long") {
+		t.Fatalf("short admin token: %v", err)
 	}
 }
 
@@ -320,7 +324,7 @@ func TestRevocationClosesSocketsWithinTTL(t *testing.T) {
 		}
 		var worst time.Duration
 		for i, c := range socks {
-			d := c.waitEvent("disconnect", 2*ttl+5*time.Second, nil).At.Sub(revoked[i])
+			d := c.waitClosed(2*ttl + 5*time.Second).Sub(revoked[i])
 			worst = max(worst, d)
 		}
 		if worst > ttl+time.Second {

@@ -58,7 +58,11 @@ func writeProblem(w http.ResponseWriter, p Problem) {
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(p.Status)
-	_ = json.NewEncoder(w).Encode(p)
+	// A problem is JSON for programs and people, not HTML: "<token>" and
+	// "> threshold" stay readable.
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(p)
 }
 
 // fail answers err: a joblib.Error with its problem, anything else as a 500

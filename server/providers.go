@@ -78,6 +78,10 @@ func (s *Server) listProviders(w http.ResponseWriter, r *http.Request) {
 // authenticated). The name may contain '/'; like the contract, the /info
 // suffix wins.
 func (s *Server) providerInfoOrRead(w http.ResponseWriter, r *http.Request) {
+	// A provider's bytes are another user's, served from the API's origin:
+	// every answer here (bytes, info, refusals) tells the browser to take
+	// the declared type as it is; see also safeProviderAnswer.
+	w.Header().Set("X-Content-Type-Options", "nosniff")
 	if name, ok := strings.CutSuffix(r.PathValue("name"), "/info"); ok {
 		s.read(func(w http.ResponseWriter, r *http.Request) {
 			out, err := s.svc.ProviderInfo(r.Context(), r.PathValue("room"), name)
@@ -112,13 +116,64 @@ func (s *Server) readProvider(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	w.Header().Set("Content-Type", out.ContentType)
+	safeProviderAnswer(w.Header(), out.ContentType)
 	w.Header().Set("Content-Length", strconv.Itoa(len(out.Body)))
 	if out.Waited {
 		w.Header().Set("Preference-Applied", "wait="+strconv.FormatFloat(out.Timeout.Seconds(), 'f', -1, 64))
 	}
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write(out.Body)
+}
+
+// safeProviderAnswer sets the headers of a provider's bytes (nosniff is
+// already set, by providerInfoOrRead): its content type and, for a type a
+// browser would run as a page or a script, a sandbox and a download. Every
+// read answer (cached, waited for, uploaded through another node) goes
+// through here.
+func safeProviderAnswer(h http.Header, contentType string) {
+	h.Set("Content-Type", contentType)
+	if activeContent(contentType) {
+		// A page opened from the link runs with no origin (no cookies, no
+		// same-origin requests, no scripts); a navigation downloads it.
+		h.Set("Content-Security-Policy", "sandbox")
+		h.Set("Content-Disposition", "attachment")
+	}
+}
+
+// activeSubtypes are media subtypes (of any top-level type) a browser
+// renders as a document that can run script, or runs as script.
+var activeSubtypes = map[string]bool{
+	"html": true, "xhtml": true, "xml": true, "xsl": true, "xslt": true, "svg": true, "pdf": true,
+	"x-shockwave-flash": true, "futuresplash": true, "x-component": true, "hta": true, "x-mimearchive": true,
+}
+
+// activeContent reports whether a browser could run content of this media
+// type: HTML, XHTML, XML and every +xml type (SVG, XSLT, MathML, RSS...),
+// JavaScript and ECMAScript in all their spellings, PDF, Flash, MHTML and
+// the multipart and message types (which carry pages), and the
+// "unknown" types browsers sniff. The type is parsed (case, parameters and
+// spaces do not matter); one that does not parse counts as active.
+func activeContent(contentType string) bool {
+	mt, _, err := mime.ParseMediaType(contentType)
+	if err != nil {
+		return true
+	}
+	typ, sub, ok := strings.Cut(mt, "/")
+	if !ok || typ == "" || sub == "" || strings.Contains(mt, "*") {
+		return true
+	}
+	switch {
+	case typ == "multipart", typ == "message":
+		return true
+	case activeSubtypes[sub], strings.HasSuffix(sub, "+xml"), strings.HasPrefix(sub, "xml-"):
+		return true
+	case strings.Contains(sub, "javascript"), strings.Contains(sub, "ecmascript"),
+		strings.Contains(sub, "jscript"), strings.Contains(sub, "livescript"):
+		return true
+	case sub == "unknown":
+		return true
+	}
+	return false
 }
 
 type paramError string

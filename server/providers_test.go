@@ -155,10 +155,11 @@ func TestProviderRegister(t *testing.T) {
 				t.Fatalf("response lacks %s: %v", k, r)
 			}
 		}
-		for _, k := range []string{"content_type", "user_id"} {
-			if _, ok := r[k]; ok {
-				t.Fatalf("ProviderResponse must not expose %s: %v", k, r)
-			}
+		if _, ok := r["user_id"]; ok {
+			t.Fatalf("ProviderResponse must not expose user_id: %v", r)
+		}
+		if r["content_type"] != "application/json" { // beyond the contract: the type reads answer with
+			t.Fatalf("content_type %v, want the default application/json", r["content_type"])
 		}
 		if evs := of(e.rec.take(), "providers_invalidate"); len(evs) != 1 || evs[0].Room != "room:@global" {
 			t.Fatalf("providers_invalidate emissions: %v", evs)
@@ -773,7 +774,9 @@ func TestProviderTwoNodes(t *testing.T) {
 	a := node()
 	b := node()
 	b.admin, b.alice = a.admin, a.alice // one user table: the tokens of a work on b
-	id := a.provider(a.admin, "@global", "filesystem", "local")
+	// An active content type: the answer woken by the other node's upload
+	// is as inert as a local one.
+	id := a.provider(a.admin, "@global", "filesystem", "local", map[string]any{"content_type": "text/html"})
 
 	// 1. a reader on A, an upload on B, nothing else: only NOTIFY can wake A.
 	params := map[string]string{"path": "/x"}
@@ -788,6 +791,9 @@ func TestProviderTwoNodes(t *testing.T) {
 	case r := <-done:
 		if r.Status != 200 || string(r.Body) != "via b" {
 			t.Fatalf("read on a: %d %s", r.Status, r.Body)
+		}
+		if h := r.Header; h.Get("X-Content-Type-Options") != "nosniff" || h.Get("Content-Security-Policy") != "sandbox" || h.Get("Content-Disposition") != "attachment" {
+			t.Fatalf("read on a woken by node b: headers %v", h)
 		}
 		if d := time.Since(start); d > 3*time.Second {
 			t.Fatalf("node a woke %s after the upload on node b", d)

@@ -176,7 +176,7 @@ func (s *Server) NewRealtime(cfg RealtimeConfig, log *slog.Logger) *Realtime {
 		log = slog.New(slog.DiscardHandler)
 	}
 	if cfg.KeepAliveInterval <= 0 {
-		cfg.KeepAliveInterval = min(10*time.Second, s.svc.Settings().WorkerTimeout/3)
+		cfg.KeepAliveInterval = KeepAliveInterval(cfg, s.svc.Settings().WorkerTimeout)
 	}
 	if len(cfg.AllowedOrigins) == 0 {
 		cfg.AllowedOrigins = s.cfg.AllowedOrigins
@@ -224,6 +224,7 @@ func (s *Server) NewRealtime(cfg RealtimeConfig, log *slog.Logger) *Realtime {
 			Admit: rt.admitRooms,
 		},
 	}, rt)
+	s.keepAlive.Store(int64(cfg.KeepAliveInterval))
 	rt.dash = newDashHub(rt)
 	rt.startDashboard(s)
 	rt.fwd = newForwarder(s.svc, func(sid string) bool { return rt.io.Engine().Lookup(sid) != nil }, rt.io, log, s.rejections.Inc)
@@ -247,6 +248,7 @@ func (rt *Realtime) IO() *sio.Server { return rt.io }
 // Start subscribes to the bus and starts the keep-alive loop.
 func (rt *Realtime) Start() {
 	rt.unsub = rt.svc.Bus().Subscribe(rt.deliver)
+	rt.svc.OnCleanup(rt.closeRemoved)
 	if m, ok := rt.svc.Bus().(events.Monitored); ok {
 		m.Monitor().OnGap(func(events.Gap) {
 			// What this node records to replay has a hole now: no
@@ -649,14 +651,14 @@ func joinErrAck(err error) ack {
 
 // roomAccess asks the room authorization host (when configured) whether the
 // socket's caller may read the room of the job or provider (g) it joins as a
-// worker. It returns g completed with what was asked (g.room is empty when
-// nothing was).
+// worker: the room the object belongs to. It returns g completed with what
+// was asked (g.room is empty when nothing was).
 func (rt *Realtime) roomAccess(ctx context.Context, s *sio.Socket, st *connState, g roomGate) (roomGate, error) {
 	if rt.rooms == nil {
 		return g, nil
 	}
-	room, _, _, ok := joblib.SplitFullName(g.job + g.provider)
-	if !ok || joblib.ValidateRoomID(room) != nil || specialRoom(room) {
+	room, ok := objectRoom(g.job + g.provider)
+	if !ok || specialRoom(room) {
 		return g, nil // not found by the existence check that follows, or joblib's own
 	}
 	if err := rt.rooms.check(clientaddr.NewContext(ctx, s.RemoteAddr()), st.p, st.token, room, accessRead); err != nil {
@@ -927,9 +929,11 @@ func (rt *Realtime) keepAlive() {
 		if len(ids) == 0 {
 			continue
 		}
-		if _, err := rt.svc.KeepAlive(rt.ctx, ids); err != nil && !errors.Is(err, context.Canceled) {
+		gone, err := rt.svc.KeepAlive(rt.ctx, ids)
+		if err != nil && !errors.Is(err, context.Canceled) {
 			rt.log.Error("refresh socket-bound workers", "workers", len(ids), "err", err)
 		}
+		rt.dropWorkers(gone, "removed elsewhere")
 	}
 }
 

@@ -48,6 +48,7 @@ func (s *Server) routes() {
 	m.HandleFunc("PATCH "+prefix+"/tasks/{id}", write(s.updateTask))
 	s.routesProviders(list, write)
 	s.routesDashboard(write)
+	s.routesMethods()
 
 	m.HandleFunc("GET /healthz", s.healthz)
 	m.HandleFunc("GET /readyz", s.readyz)
@@ -107,6 +108,7 @@ func (s *Server) principal(w http.ResponseWriter, r *http.Request) (joblib.Princ
 	if err == nil {
 		err = s.checkCookieWrite(r)
 	}
+	err = explainUnauthorized(r, err)
 	if err != nil {
 		if errors.Is(err, joblib.ErrUnauthorized) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="joblib"`)
@@ -117,17 +119,34 @@ func (s *Server) principal(w http.ResponseWriter, r *http.Request) (joblib.Princ
 	return p, true
 }
 
-// roomAccess asks the host (JOBLIB_ROOM_AUTH_URL) whether p may access room;
-// it answers the refusal (403) or outage (503) itself and returns false.
-func (s *Server) roomAccess(w http.ResponseWriter, r *http.Request, p joblib.Principal, room, access string) bool {
+// roomAccess asks the host (JOBLIB_ROOM_AUTH_URL) whether p may access each
+// of rooms; it answers the first refusal (403) or outage (503) itself and
+// returns false.
+func (s *Server) roomAccess(w http.ResponseWriter, r *http.Request, p joblib.Principal, access string, rooms ...string) bool {
 	if s.rooms == nil {
 		return true
 	}
-	if err := s.rooms.check(r.Context(), p, tokenFrom(r), room, access); err != nil {
-		s.fail(w, r, err)
-		return false
+	for _, room := range rooms {
+		if err := s.rooms.check(r.Context(), p, tokenFrom(r), room, access); err != nil {
+			s.fail(w, r, err)
+			return false
+		}
 	}
 	return true
+}
+
+// requestRooms returns the rooms a request under /rooms/{room} touches: the
+// room in its URL (where the caller stands, and where a submitted task
+// lands) and, when the route names a job or provider ({name...}: its
+// details, its tasks, a submission to it, a provider read), the room that
+// object belongs to. Reaching another room's object through one's own room
+// or through @global therefore needs access to that room too.
+func requestRooms(r *http.Request, room string) []string {
+	rooms := []string{room}
+	if own, ok := objectRoom(r.PathValue("name")); ok && own != room {
+		rooms = append(rooms, own)
+	}
+	return rooms
 }
 
 // read wraps a GET handler: authenticated unless PublicReads is on, and,
@@ -142,7 +161,7 @@ func (s *Server) read(h http.HandlerFunc) http.HandlerFunc {
 			}
 		}
 		if room := r.PathValue("room"); room != "" && joblib.ValidateRoomID(room) == nil {
-			if !s.roomAccess(w, r, p, room, accessRead) {
+			if !s.roomAccess(w, r, p, accessRead, requestRooms(r, room)...) {
 				return
 			}
 		}
@@ -152,7 +171,8 @@ func (s *Server) read(h http.HandlerFunc) http.HandlerFunc {
 
 // roomThenPrincipal validates the path's room before authenticating, the order
 // the contract's write endpoints use (an invalid room is 400 even without
-// credentials), then checks the caller's access to the room.
+// credentials), then checks the caller's access to the rooms the request
+// touches (requestRooms).
 func (s *Server) roomThenPrincipal(w http.ResponseWriter, r *http.Request, access string) (string, joblib.Principal, bool) {
 	room := r.PathValue("room")
 	if err := joblib.ValidateRoomID(room); err != nil {
@@ -161,7 +181,7 @@ func (s *Server) roomThenPrincipal(w http.ResponseWriter, r *http.Request, acces
 	}
 	p, ok := s.principal(w, r)
 	if ok {
-		ok = s.roomAccess(w, r, p, room, access)
+		ok = s.roomAccess(w, r, p, access, requestRooms(r, room)...)
 	}
 	return room, p, ok
 }
@@ -590,7 +610,7 @@ func (s *Server) getTask(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 		}
-		if !s.roomAccess(w, r, p, t.RoomID, accessRead) {
+		if !s.roomAccess(w, r, p, accessRead, t.RoomID) {
 			return
 		}
 	}

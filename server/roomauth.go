@@ -125,6 +125,28 @@ func newRoomAuth(cfg RoomAuthConfig) *roomAuth {
 // special rooms are joblib's own; the host does not know them.
 func specialRoom(room string) bool { return room == joblib.RoomGlobal || room == joblib.RoomInternal }
 
+// objectRoom returns the room a job or provider belongs to: the room part of
+// its full name ({room}:{category}:{name}, the same split the domain resolves
+// the object with, so the room asked about is the room of the object that is
+// served). ok is false for a name that cannot name an object (no object is
+// found by it either).
+func objectRoom(fullName string) (room string, ok bool) {
+	room, _, _, ok = joblib.SplitFullName(fullName)
+	return room, ok && joblib.ValidateRoomID(room) == nil
+}
+
+// checkObject is check for the room the job or provider named fullName
+// belongs to. The room a request is addressed through (the URL's, or
+// @global's) is only where the caller stands: under room delegation an object
+// is reached only with access to its own room.
+func (ra *roomAuth) checkObject(ctx context.Context, p joblib.Principal, token, fullName, access string) error {
+	room, ok := objectRoom(fullName)
+	if !ok {
+		return nil
+	}
+	return ra.check(ctx, p, token, room, access)
+}
+
 // check returns nil when p may access room, a *joblib.Error (403) when the
 // host refuses, and errRoomAuthUnavailable when it cannot say (unless the
 // configuration fails open). token is the caller's raw credential, forwarded

@@ -25,6 +25,9 @@ type roomHost struct {
 	admin string // this bearer token may use every room but "slow"
 	// withdrawn rooms are refused to everybody but admin.
 	withdrawn map[string]bool
+	// own maps a bearer token to the one room (besides "open" and "ro") it
+	// may use, as a host giving each user a room of their own would.
+	own map[string]string
 }
 
 type roomQuestion struct {
@@ -47,6 +50,7 @@ func newRoomHost(t *testing.T) *roomHost {
 		h.got = append(h.got, q)
 		admin := h.admin != "" && q.Auth == "Bearer "+h.admin
 		withdrawn := h.withdrawn[q.RoomID]
+		own := h.own[strings.TrimPrefix(q.Auth, "Bearer ")] == q.RoomID
 		h.mu.Unlock()
 		switch {
 		case withdrawn && !admin:
@@ -56,7 +60,7 @@ func newRoomHost(t *testing.T) *roomHost {
 			case <-r.Context().Done():
 			case <-time.After(5 * time.Second):
 			}
-		case q.RoomID == "open", q.RoomID == "ro" && q.Access == "read", admin:
+		case q.RoomID == "open", q.RoomID == "ro" && q.Access == "read", admin, own:
 			w.WriteHeader(http.StatusNoContent)
 		default:
 			http.Error(w, "no", http.StatusForbidden)

@@ -113,6 +113,11 @@ func (c Config) Validate() error {
 	if c.JWTSecret != "" && c.AdminToken != "" && looksLikeJWT(c.AdminToken) {
 		return errors.New("JOBLIB_ADMIN_TOKEN has the shape of a JWT (three dot-separated base64url parts) and JOBLIB_JWT_SECRET is set: it would be verified as a JWT and never match; choose an admin token without that shape (e.g. jl_...)")
 	}
+	if c.AdminToken != "" {
+		if err := checkAdminToken(c.AdminToken); err != nil {
+			return err
+		}
+	}
 	if _, err := clientaddr.ParseProxies(c.TrustedProxies); err != nil {
 		return fmt.Errorf("JOBLIB_TRUSTED_PROXIES: %w", err)
 	}
@@ -136,6 +141,9 @@ type Server struct {
 	// Set by NewRealtime: the dashboard's trigger and snapshot.
 	dashPoke     atomic.Pointer[func()]
 	dashSnapshot atomic.Pointer[func(context.Context) (*DashboardView, error)]
+	// keepAlive is the socket keep-alive interval (set by NewRealtime):
+	// an operator sweep's threshold must be at least twice it.
+	keepAlive atomic.Int64
 }
 
 // New builds the HTTP server over a service.
@@ -224,7 +232,7 @@ func (rw *routingErrors) WriteHeader(code int) {
 		h.Del("X-Content-Type-Options")
 		p := Problem{Type: "/v1/problems/not-found", Title: http.StatusText(code), Status: code, Detail: "no such endpoint"}
 		if code == http.StatusMethodNotAllowed {
-			p.Type, p.Detail = "/v1/problems/method-not-allowed", "method not allowed on this endpoint"
+			p.Type, p.Detail = "/v1/problems/method-not-allowed", "method not allowed on this endpoint; allowed: "+h.Get("Allow")
 		}
 		writeProblem(rw.ResponseWriter, p)
 		return

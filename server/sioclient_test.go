@@ -4,29 +4,27 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
-	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/zndraw/joblib/internal/sio/sioclient"
 )
 
-// sioClient is a minimal Socket.IO v5 client over websocket for tests: JSON
-// events, acks, and answering pings.
+// sioClient is the tests' Socket.IO connection (internal/sio/sioclient on
+// websocket, namespace "/"): it records every event and waits for acks.
 type sioClient struct {
 	t    testing.TB
-	conn *websocket.Conn
+	cl   *sioclient.Client
+	conn *websocket.Conn // for hand-made frames
+	done <-chan struct{} // closed when the connection has ended
 
-	mu      sync.Mutex
-	nextAck int
-	acks    map[int]chan json.RawMessage
-	events  []sioEvent
-	notify  chan struct{}
-	done    chan struct{}
-	readErr error
+	mu       sync.Mutex
+	events   []sioEvent
+	notify   chan struct{}
+	closedAt time.Time     // when the connection ended, noted as it ends
+	closed   chan struct{} // closed once closedAt is set
 }
 
 type sioEvent struct {
@@ -45,61 +43,49 @@ func dialSIO(t testing.TB, baseURL, token string) (*sioClient, error) {
 	return c, err
 }
 
-// dialSIOAuth is dialSIO with any CONNECT auth payload; it also returns the
-// CONNECT reply's payload (sid, and pid under connection state recovery).
-// A namespace DISCONNECT from the server is recorded as an event named
-// "disconnect".
-func dialSIOAuth(t testing.TB, baseURL string, authPayload map[string]any) (*sioClient, map[string]any, error) {
+// dialSIOAuth is dialSIO with any CONNECT auth payload; it also returns what
+// the CONNECT reply named: sid, and pid under connection state recovery.
+func dialSIOAuth(t testing.TB, baseURL string, auth map[string]any) (*sioClient, map[string]any, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	u := "ws" + strings.TrimPrefix(baseURL, "http") + "/socket.io/?EIO=4&transport=websocket"
-	conn, _, err := websocket.Dial(ctx, u, nil)
+	c := &sioClient{t: t, notify: make(chan struct{}, 1), closed: make(chan struct{})}
+	cl, err := sioclient.Dial(ctx, baseURL, sioclient.Options{
+		Auth:      auth,
+		ReadLimit: 1 << 20,
+		OnEvent:   c.record,
+	})
+	var refused *sioclient.ConnectError
+	if errors.As(err, &refused) {
+		return nil, nil, errors.New(refused.Message)
+	}
 	if err != nil {
 		return nil, nil, err
 	}
-	conn.SetReadLimit(1 << 20)
-	_, open, err := conn.Read(ctx)
-	if err != nil || len(open) == 0 || open[0] != '0' {
-		conn.CloseNow()
-		return nil, nil, fmt.Errorf("no open packet: %q %v", open, err)
+	c.cl, c.conn, c.done = cl, cl.Conn(), cl.Done()
+	go func() {
+		<-cl.Done()
+		c.mu.Lock()
+		c.closedAt = time.Now()
+		c.mu.Unlock()
+		close(c.closed)
+	}()
+	t.Cleanup(cl.Kill)
+	return c, map[string]any{"sid": cl.ID(), "pid": cl.PID()}, nil
+}
+
+// waitClosed waits until the server ends the connection and returns when
+// it ended.
+func (c *sioClient) waitClosed(within time.Duration) time.Time {
+	c.t.Helper()
+	select {
+	case <-c.closed:
+	case <-time.After(within):
+		c.t.Fatalf("the connection is still open after %s", within)
 	}
-	auth, _ := json.Marshal(authPayload)
-	if err := conn.Write(ctx, websocket.MessageText, append([]byte("40"), auth...)); err != nil {
-		conn.CloseNow()
-		return nil, nil, err
-	}
-	var reply map[string]any
-	for {
-		_, msg, err := conn.Read(ctx)
-		if err != nil {
-			conn.CloseNow()
-			return nil, nil, err
-		}
-		s := string(msg)
-		switch {
-		case s == "2":
-			_ = conn.Write(ctx, websocket.MessageText, []byte("3"))
-			continue
-		case strings.HasPrefix(s, "40"):
-			_ = json.Unmarshal([]byte(s[2:]), &reply)
-		case strings.HasPrefix(s, "44"):
-			var e struct {
-				Message string `json:"message"`
-			}
-			_ = json.Unmarshal([]byte(s[2:]), &e)
-			conn.CloseNow()
-			return nil, nil, errors.New(e.Message)
-		default:
-			conn.CloseNow()
-			return nil, nil, fmt.Errorf("unexpected packet %q", s)
-		}
-		break
-	}
-	c := &sioClient{t: t, conn: conn, acks: map[int]chan json.RawMessage{}, notify: make(chan struct{}, 1), done: make(chan struct{})}
-	go c.read()
-	t.Cleanup(func() { c.conn.CloseNow() })
-	return c, reply, nil
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closedAt
 }
 
 func mustDialSIO(t testing.TB, baseURL, token string) *sioClient {
@@ -111,61 +97,15 @@ func mustDialSIO(t testing.TB, baseURL, token string) *sioClient {
 	return c
 }
 
-func (c *sioClient) read() {
-	defer close(c.done)
-	for {
-		_, msg, err := c.conn.Read(context.Background())
-		if err != nil {
-			c.mu.Lock()
-			c.readErr = err
-			c.mu.Unlock()
-			return
-		}
-		s := string(msg)
-		switch {
-		case s == "2":
-			_ = c.conn.Write(context.Background(), websocket.MessageText, []byte("3"))
-		case s == "41":
-			c.add(sioEvent{Name: "disconnect", At: time.Now()})
-		case strings.HasPrefix(s, "42"):
-			var arr []json.RawMessage
-			if json.Unmarshal([]byte(s[2:]), &arr) != nil || len(arr) == 0 {
-				continue
-			}
-			var ev sioEvent
-			_ = json.Unmarshal(arr[0], &ev.Name)
-			if len(arr) > 1 {
-				_ = json.Unmarshal(arr[1], &ev.Payload)
-			}
-			if len(arr) > 2 {
-				_ = json.Unmarshal(arr[len(arr)-1], &ev.Offset)
-			}
-			ev.At = time.Now()
-			c.add(ev)
-		case strings.HasPrefix(s, "43"):
-			i := 2
-			for i < len(s) && s[i] >= '0' && s[i] <= '9' {
-				i++
-			}
-			id, _ := strconv.Atoi(s[2:i])
-			var arr []json.RawMessage
-			_ = json.Unmarshal([]byte(s[i:]), &arr)
-			c.mu.Lock()
-			ch := c.acks[id]
-			delete(c.acks, id)
-			c.mu.Unlock()
-			if ch != nil {
-				var first json.RawMessage
-				if len(arr) > 0 {
-					first = arr[0]
-				}
-				ch <- first
-			}
-		}
+// record keeps an event (on the client's read loop).
+func (c *sioClient) record(e sioclient.Event) {
+	ev := sioEvent{Name: e.Name, At: time.Now()}
+	if len(e.Args) > 0 {
+		_ = json.Unmarshal(e.Args[0], &ev.Payload)
 	}
-}
-
-func (c *sioClient) add(ev sioEvent) {
+	if len(e.Args) > 1 {
+		_ = json.Unmarshal(e.Args[len(e.Args)-1], &ev.Offset)
+	}
 	c.mu.Lock()
 	c.events = append(c.events, ev)
 	c.mu.Unlock()
@@ -178,27 +118,17 @@ func (c *sioClient) add(ev sioEvent) {
 // call emits an event with an ack and returns the ack's first argument.
 func (c *sioClient) call(name string, arg any) map[string]any {
 	c.t.Helper()
-	c.mu.Lock()
-	id := c.nextAck
-	c.nextAck++
-	ch := make(chan json.RawMessage, 1)
-	c.acks[id] = ch
-	c.mu.Unlock()
-	body, _ := json.Marshal([]any{name, arg})
-	if err := c.conn.Write(context.Background(), websocket.MessageText, []byte("42"+strconv.Itoa(id)+string(body))); err != nil {
-		c.t.Fatalf("emit %s: %v", name, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	a, err := c.cl.Call(ctx, name, arg)
+	if err != nil {
+		c.t.Fatalf("%s: no ack: %v", name, err)
 	}
-	select {
-	case raw := <-ch:
-		var m map[string]any
-		if err := json.Unmarshal(raw, &m); err != nil {
-			c.t.Fatalf("ack of %s: %q", name, raw)
-		}
-		return m
-	case <-time.After(10 * time.Second):
-		c.t.Fatalf("no ack for %s", name)
+	var m map[string]any
+	if err := a.Decode(&m); err != nil {
+		c.t.Fatalf("ack of %s: %s", name, a.Args)
 	}
-	return nil
+	return m
 }
 
 // mustCall is call that requires {"ok": true}.
@@ -227,8 +157,8 @@ func (c *sioClient) waitEvent(name string, within time.Duration, match func(map[
 		case <-c.notify:
 		case <-deadline:
 			c.t.Fatalf("no %s event within %s; got %v", name, within, c.names())
-		case <-c.done:
-			c.t.Fatalf("connection closed while waiting for %s: %v", name, c.readErr)
+		case <-c.cl.Done():
+			c.t.Fatalf("connection closed while waiting for %s: %v", name, c.cl.Err())
 		}
 	}
 }
@@ -258,4 +188,4 @@ func (c *sioClient) names() []string {
 
 // drop closes the TCP connection without any Socket.IO or websocket goodbye,
 // like a killed process.
-func (c *sioClient) drop() { c.conn.CloseNow() }
+func (c *sioClient) drop() { c.cl.Kill() }

@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/coder/websocket"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/zndraw/joblib/internal/dbtest"
@@ -24,7 +23,7 @@ func TestSocketDisconnectsCountedByReason(t *testing.T) {
 	c := mustDialSIO(t, e.url, e.bob)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := c.conn.Write(ctx, websocket.MessageText, []byte("41")); err != nil { // socket.disconnect()
+	if err := c.cl.Disconnect(ctx); err != nil { // socket.disconnect()
 		t.Fatal(err)
 	}
 	want := `

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/zndraw/joblib/internal/sio/sioclient"
+	"github.com/zndraw/joblib/internal/sio/wire"
 )
 
 // attacks are the rows of the table, in order.
@@ -33,11 +35,11 @@ var attacks = []attack{
 // the message size limit until the server closes the connection (or 300
 // were sent).
 func attackAttachments(ctx context.Context, e *env) string {
-	s, err := dialSocket(ctx, e.srv.base(), e.userB, nil)
+	s, err := dialSocket(ctx, e.srv.base(), e.userB, nil, nil)
 	if err != nil {
 		return "dial: " + err.Error()
 	}
-	defer s.c.CloseNow()
+	defer s.cl.Kill()
 	if err := s.c.Write(ctx, websocket.MessageText, []byte(`4565536-["x",{"_placeholder":true,"num":0}]`)); err != nil {
 		return "header refused: " + err.Error()
 	}
@@ -68,11 +70,11 @@ func attackAttachments(ctx context.Context, e *env) string {
 // limit) with its placeholder at the bottom; then the same connection is
 // asked for an acknowledgement.
 func attackDeepEvent(ctx context.Context, e *env) string {
-	s, err := dialSocket(ctx, e.srv.base(), e.userB, nil)
+	s, err := dialSocket(ctx, e.srv.base(), e.userB, nil, nil)
 	if err != nil {
 		return "dial: " + err.Error()
 	}
-	defer s.c.CloseNow()
+	defer s.cl.Kill()
 	const depth = 9000
 	msg := `451-["x",` + strings.Repeat(`{"kkkkk":`, depth) + `{"_placeholder":true,"num":0}` + strings.Repeat("}", depth) + `]`
 	start := time.Now()
@@ -148,7 +150,8 @@ func attackPolling(ctx context.Context, e *env) string {
 func attackNoConnect(ctx context.Context, e *env) string {
 	h := http.Header{}
 	h.Set("X-Pad", strings.Repeat("h", 128<<10))
-	var conns []*sock
+	url := "ws" + strings.TrimPrefix(e.srv.base(), "http") + "/socket.io/?EIO=4&transport=websocket"
+	var conns []*websocket.Conn
 	var mu sync.Mutex
 	var failed atomic.Int32
 	var wg sync.WaitGroup
@@ -157,35 +160,46 @@ func attackNoConnect(ctx context.Context, e *env) string {
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			s, err := dialSocket(ctx, e.srv.base(), "", h)
+			c, _, err := websocket.Dial(ctx, url, &websocket.DialOptions{HTTPHeader: h})
+			if err == nil {
+				var open []byte
+				if _, open, err = c.Read(ctx); err == nil {
+					if p, perr := wire.DecodeEIO(open); perr != nil || p.Type != wire.EIOOpen {
+						err = fmt.Errorf("engine.io open: %.40q", open)
+					}
+				}
+				if err != nil {
+					c.CloseNow()
+				}
+			}
 			if err != nil {
 				failed.Add(1)
 				return
 			}
 			mu.Lock()
-			conns = append(conns, s)
+			conns = append(conns, c)
 			mu.Unlock()
 		})
 	}
 	wg.Wait()
 	time.Sleep(3 * time.Second)
-	for _, s := range conns {
-		s.c.CloseNow()
+	for _, c := range conns {
+		c.CloseNow()
 	}
 	return fmt.Sprintf("%d opened, %d refused", len(conns), failed.Load())
 }
 
 // join_room 20,000 times on one socket, acknowledgements drained.
 func attackJoinLoop(ctx context.Context, e *env) string {
-	s, err := dialSocket(ctx, e.srv.base(), e.userB, nil)
+	s, err := dialSocket(ctx, e.srv.base(), e.userB, nil, nil)
 	if err != nil {
 		return "dial: " + err.Error()
 	}
-	defer s.c.CloseNow()
+	defer s.cl.Kill()
 	ok, refused := 0, 0
 	const n, window = 20480, 256
 	for start := 0; start < n; start += window {
-		chans := make([]chan []byte, 0, window)
+		chans := make([]<-chan sioclient.Ack, 0, window)
 		for i := start; i < start+window; i++ {
 			ch, err := s.emit(ctx, "join_room", map[string]string{"room_id": "r" + strconv.Itoa(i)})
 			if err != nil {
@@ -196,7 +210,7 @@ func attackJoinLoop(ctx context.Context, e *env) string {
 		for _, ch := range chans {
 			select {
 			case a := <-ch:
-				if strings.Contains(string(a), `"ok":true`) {
+				if ackOK(a) {
 					ok++
 				} else {
 					refused++
@@ -224,19 +238,18 @@ func attackProviderFanout(ctx context.Context, e *env) string {
 	if err != nil || st/100 != 2 {
 		return fmt.Sprintf("register provider: %d %s", st, body)
 	}
-	s, err := dialSocket(ctx, e.srv.base(), e.userA, nil)
+	var requests atomic.Int32
+	s, err := dialSocket(ctx, e.srv.base(), e.userA, nil, func(ev sioclient.Event) {
+		if ev.Name == "provider_request" {
+			requests.Add(1)
+		}
+	})
 	if err != nil {
 		return "dial: " + err.Error()
 	}
-	defer s.c.CloseNow()
-	var requests atomic.Int32
-	s.onMsg = func(b []byte) {
-		if strings.Contains(string(b), "provider_request") {
-			requests.Add(1)
-		}
-	}
-	if a, err := s.call(ctx, "join_provider_room", map[string]string{"provider_name": "fan:filesystem:shared", "worker_id": wid}); err != nil || !strings.Contains(string(a), "true") {
-		return fmt.Sprintf("join provider room: %s %v", a, err)
+	defer s.cl.Kill()
+	if a, err := s.call(ctx, "join_provider_room", map[string]string{"provider_name": "fan:filesystem:shared", "worker_id": wid}); err != nil || !ackOK(a) {
+		return fmt.Sprintf("join provider room: %s %v", a.Args, err)
 	}
 	var mu sync.Mutex
 	var codes []int

@@ -42,10 +42,11 @@ import (
 	"github.com/coder/websocket"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/zndraw/joblib/internal/sio/sioclient"
 	"github.com/zndraw/joblib/models"
 )
 
-const adminToken = "abuse-admin-token"
+const adminToken = "jl_abuse_6471866c07f8182ec331d5c31eb69a4781aab76a" // long enough for serve's admin token check
 
 type options struct {
 	serveBin string
@@ -266,110 +267,41 @@ func mustJSON(v any) []byte {
 	return b
 }
 
-// sock is a minimal Socket.IO v5 client over the websocket transport.
+// sock is a Socket.IO connection (internal/sio/sioclient); c is its
+// websocket, for the attacks' hand-made frames.
 type sock struct {
+	cl     *sioclient.Client
 	c      *websocket.Conn
-	mu     sync.Mutex
-	nextID int
-	acks   map[int]chan []byte
-	closed chan struct{}
-	err    error
-	onMsg  func([]byte)
+	closed <-chan struct{}
 }
 
-func dialSocket(ctx context.Context, base, token string, hdr http.Header) (*sock, error) {
-	url := "ws" + strings.TrimPrefix(base, "http") + "/socket.io/?EIO=4&transport=websocket"
-	c, _, err := websocket.Dial(ctx, url, &websocket.DialOptions{HTTPHeader: hdr})
+// dialSocket connects with the token; on, if set, receives the server's
+// events.
+func dialSocket(ctx context.Context, base, token string, hdr http.Header, on func(sioclient.Event)) (*sock, error) {
+	cl, err := sioclient.Dial(ctx, base, sioclient.Options{
+		Auth: map[string]string{"token": token}, Header: hdr, ReadLimit: 64 << 20, OnEvent: on,
+	})
 	if err != nil {
 		return nil, err
 	}
-	c.SetReadLimit(64 << 20)
-	if _, data, err := c.Read(ctx); err != nil || !bytes.HasPrefix(data, []byte("0{")) {
-		c.CloseNow()
-		return nil, fmt.Errorf("engine.io open: %q %v", data, err)
-	}
-	s := &sock{c: c, acks: map[int]chan []byte{}, closed: make(chan struct{})}
-	if token == "" {
-		return s, nil
-	}
-	if err := c.Write(ctx, websocket.MessageText, []byte(`40{"token":"`+token+`"}`)); err != nil {
-		return nil, err
-	}
-	for {
-		_, data, err := c.Read(ctx)
-		if err != nil {
-			return nil, err
-		}
-		if string(data) == "2" {
-			_ = c.Write(ctx, websocket.MessageText, []byte("3"))
-			continue
-		}
-		if !bytes.HasPrefix(data, []byte("40")) {
-			return nil, fmt.Errorf("connect: %.80q", data)
-		}
-		break
-	}
-	go s.readLoop()
-	return s, nil
-}
-
-func (s *sock) readLoop() {
-	defer close(s.closed)
-	for {
-		_, data, err := s.c.Read(context.Background())
-		if err != nil {
-			s.err = err
-			return
-		}
-		switch {
-		case string(data) == "2":
-			_ = s.c.Write(context.Background(), websocket.MessageText, []byte("3"))
-		case bytes.HasPrefix(data, []byte("43")):
-			i := 2
-			for i < len(data) && data[i] >= '0' && data[i] <= '9' {
-				i++
-			}
-			id, _ := strconv.Atoi(string(data[2:i]))
-			s.mu.Lock()
-			ch := s.acks[id]
-			delete(s.acks, id)
-			s.mu.Unlock()
-			if ch != nil {
-				ch <- data[i:]
-			}
-		default:
-			if s.onMsg != nil {
-				s.onMsg(data)
-			}
-		}
-	}
+	return &sock{cl: cl, c: cl.Conn(), closed: cl.Done()}, nil
 }
 
 // emit sends an event with an ack and returns the channel of its answer.
-func (s *sock) emit(ctx context.Context, event string, payload any) (chan []byte, error) {
-	s.mu.Lock()
-	s.nextID++
-	id := s.nextID
-	ch := make(chan []byte, 1)
-	s.acks[id] = ch
-	s.mu.Unlock()
-	msg := append([]byte("42"+strconv.Itoa(id)), mustJSON([]any{event, payload})...)
-	return ch, s.c.Write(ctx, websocket.MessageText, msg)
+func (s *sock) emit(ctx context.Context, event string, payload any) (<-chan sioclient.Ack, error) {
+	return s.cl.Go(ctx, event, payload)
 }
 
-func (s *sock) call(ctx context.Context, event string, payload any) ([]byte, error) {
-	ch, err := s.emit(ctx, event, payload)
-	if err != nil {
-		return nil, err
+func (s *sock) call(ctx context.Context, event string, payload any) (sioclient.Ack, error) {
+	return s.cl.Call(ctx, event, payload)
+}
+
+// ackOK reports whether an acknowledgement says {"ok": true}.
+func ackOK(a sioclient.Ack) bool {
+	var r struct {
+		OK bool `json:"ok"`
 	}
-	select {
-	case a := <-ch:
-		return a, nil
-	case <-s.closed:
-		return nil, fmt.Errorf("socket closed: %v", s.err)
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
+	return a.Decode(&r) == nil && r.OK
 }
 
 // --- measurement
@@ -383,12 +315,12 @@ type bystander struct {
 
 func runBystander(ctx context.Context, base, token string) *bystander {
 	b := &bystander{}
-	s, err := dialSocket(ctx, base, token, nil)
+	s, err := dialSocket(ctx, base, token, nil, nil)
 	if err != nil {
 		b.fails++
 		return b
 	}
-	defer s.c.CloseNow()
+	defer s.cl.Kill()
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
 	for {
@@ -413,8 +345,8 @@ func runBystander(ctx context.Context, base, token string) *bystander {
 				return b
 			}
 			b.fails++
-			if s2, err := dialSocket(ctx, base, token, nil); err == nil {
-				s.c.CloseNow()
+			if s2, err := dialSocket(ctx, base, token, nil, nil); err == nil {
+				s.cl.Kill()
 				s = s2
 			}
 		} else {

@@ -3,9 +3,9 @@
 // reference Node socket.io server, with the same load generator in the same
 // run.
 //
-// For each server it starts a child process of itself that opens -conns raw
-// websocket clients (coder/websocket, speaking Engine.IO/Socket.IO by hand)
-// over loopback, so client memory and file descriptors do not count against
+// For each server it starts a child process of itself that opens -conns
+// websocket clients (internal/sio/sioclient, the client the SDK uses) over
+// loopback, so client memory and file descriptors do not count against
 // the server. joblib's server runs in this process; the Node server
 // (bench/fanout/node, installed with `npm ci` from its lockfile on first use)
 // runs as a child. Each client emits "join" and waits for its ack; the server
@@ -50,7 +50,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/coder/websocket"
+	"github.com/zndraw/joblib/internal/sio/sioclient"
 	"github.com/zndraw/joblib/server/sio"
 )
 
@@ -530,39 +530,40 @@ func errSuffix(s string) string {
 
 // ---- child: the clients ----
 
+// client is one connection; its fields are written by its read goroutine
+// (onEvent) until full is closed or the connection is killed.
 type client struct {
-	c         *websocket.Conn
+	c         *sioclient.Client
 	latencies []int64 // ns
 	next      int
 	outOfOrd  int64
+	want      int
+	received  *atomic.Int64
+	full      chan struct{} // closed when every event arrived
 }
 
 func runClients(ctx context.Context, o options, stdout io.Writer) error {
-	wsURL := "ws" + strings.TrimPrefix(o.url, "http") + "/socket.io/?EIO=4&transport=websocket"
 	clients := make([]*client, o.conns)
 	start := time.Now()
 	var (
 		mu       sync.Mutex
 		firstErr error
 		joined   atomic.Int64
+		received atomic.Int64
 	)
 	jobs := make(chan int)
 	var wg sync.WaitGroup
 	for range o.dialers {
 		wg.Go(func() {
 			for i := range jobs {
-				dial := dialAndJoin
-				if o.upgrade {
-					dial = upgradeAndJoin
-				}
-				c, err := dial(ctx, wsURL)
-				if err != nil {
+				cl := &client{latencies: make([]int64, 0, o.events), want: o.events, received: &received, full: make(chan struct{})}
+				if err := cl.dialAndJoin(ctx, o); err != nil {
 					mu.Lock()
 					firstErr = cmpErr(firstErr, fmt.Errorf("client %d: %w", i, err))
 					mu.Unlock()
 					continue
 				}
-				clients[i] = &client{c: c, latencies: make([]int64, 0, o.events)}
+				clients[i] = cl
 				joined.Add(1)
 			}
 		})
@@ -578,24 +579,25 @@ func runClients(ctx context.Context, o options, stdout io.Writer) error {
 	}
 	fmt.Fprintln(stdout, "ready")
 
-	var received, outOfOrder atomic.Int64
-	readCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	var outOfOrder atomic.Int64
 	rt0 := readRT()
 	ccpu0 := cpuSelf()
-	var rg sync.WaitGroup
 	for _, cl := range clients {
-		rg.Go(func() { cl.read(readCtx, o.events, &received) })
+		select {
+		case <-cl.full:
+		case <-cl.c.Done():
+		case <-ctx.Done():
+		}
 	}
-	rg.Wait()
 	rtRead := rt0.delta(readRT())
 	clientCPU := cpuSelf() - ccpu0
 
 	var all []int64
 	for _, cl := range clients {
+		cl.c.Kill()
+		<-cl.c.Done() // its read goroutine no longer writes cl's fields
 		all = append(all, cl.latencies...)
 		outOfOrder.Add(cl.outOfOrd)
-		_ = cl.c.CloseNow()
 	}
 	slices.Sort(all)
 	pct := func(p float64) float64 {
@@ -627,154 +629,43 @@ func cmpErr(a, b error) error {
 	return b
 }
 
-func dialAndJoin(ctx context.Context, url string) (*websocket.Conn, error) {
-	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	c, _, err := websocket.Dial(dctx, url, nil)
-	if err != nil {
-		return nil, fmt.Errorf("dial: %w", err)
-	}
-	expect := func(prefix string) error {
-		for {
-			_, data, err := c.Read(dctx)
-			if err != nil {
-				return fmt.Errorf("read: %w", err)
-			}
-			if string(data) == "2" {
-				if err := c.Write(dctx, websocket.MessageText, []byte("3")); err != nil {
-					return err
-				}
-				continue
-			}
-			if !bytes.HasPrefix(data, []byte(prefix)) {
-				return fmt.Errorf("got %.40q, want %q", data, prefix)
-			}
-			return nil
-		}
-	}
-	steps := []struct{ send, want string }{{"", "0{"}, {"40", "40{"}, {`420["join"]`, `430[`}}
-	for _, st := range steps {
-		if st.send != "" {
-			if err := c.Write(dctx, websocket.MessageText, []byte(st.send)); err != nil {
-				c.CloseNow()
-				return nil, fmt.Errorf("write: %w", err)
-			}
-		}
-		if err := expect(st.want); err != nil {
-			c.CloseNow()
-			return nil, err
-		}
-	}
-	return c, nil
-}
-
 var pollClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1 << 16}, Timeout: 30 * time.Second}
 
-// upgradeAndJoin opens a session with HTTP long-polling, connects to "/",
-// upgrades it to websocket and joins the room over the websocket.
-func upgradeAndJoin(ctx context.Context, wsURL string) (*websocket.Conn, error) {
+// dialAndJoin connects (with -upgrade over HTTP long-polling first, then
+// upgraded to websocket) and emits "join", waiting for its ack.
+func (cl *client) dialAndJoin(ctx context.Context, o options) error {
 	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	base := "http" + strings.TrimPrefix(strings.TrimSuffix(wsURL, "websocket"), "ws") + "polling"
-	do := func(method, url, body string) (string, error) {
-		req, err := http.NewRequestWithContext(dctx, method, url, strings.NewReader(body))
-		if err != nil {
-			return "", err
-		}
-		res, err := pollClient.Do(req)
-		if err != nil {
-			return "", err
-		}
-		defer res.Body.Close()
-		b, err := io.ReadAll(res.Body)
-		if res.StatusCode != 200 {
-			return "", fmt.Errorf("%s: %d %s", method, res.StatusCode, b)
-		}
-		return string(b), err
-	}
-	open, err := do(http.MethodGet, base, "")
+	c, err := sioclient.Dial(dctx, o.url, sioclient.Options{Upgrade: o.upgrade, HTTPClient: pollClient, OnEvent: cl.onEvent})
 	if err != nil {
-		return nil, fmt.Errorf("handshake: %w", err)
+		return err
 	}
-	var hs struct{ SID string }
-	if err := json.Unmarshal([]byte(strings.TrimPrefix(open, "0")), &hs); err != nil {
-		return nil, fmt.Errorf("handshake %q: %w", open, err)
+	if _, err := c.Call(dctx, "join"); err != nil {
+		c.Kill()
+		return fmt.Errorf("join: %w", err)
 	}
-	sess := base + "&sid=" + hs.SID
-	if _, err := do(http.MethodPost, sess, "40"); err != nil {
-		return nil, err
-	}
-	for got := ""; !strings.Contains(got, "40{"); {
-		if got, err = do(http.MethodGet, sess, ""); err != nil {
-			return nil, err
-		}
-		if strings.Contains(got, "2") && !strings.Contains(got, "40{") {
-			_, _ = do(http.MethodPost, sess, "3")
-		}
-	}
-	c, _, err := websocket.Dial(dctx, wsURL+"&sid="+hs.SID, nil)
-	if err != nil {
-		return nil, fmt.Errorf("dial: %w", err)
-	}
-	if err := c.Write(dctx, websocket.MessageText, []byte("2probe")); err != nil {
-		c.CloseNow()
-		return nil, err
-	}
-	if _, data, err := c.Read(dctx); err != nil || string(data) != "3probe" {
-		c.CloseNow()
-		return nil, fmt.Errorf("probe: %q %v", data, err)
-	}
-	if err := c.Write(dctx, websocket.MessageText, []byte("5")); err != nil {
-		c.CloseNow()
-		return nil, err
-	}
-	if err := c.Write(dctx, websocket.MessageText, []byte(`420["join"]`)); err != nil {
-		c.CloseNow()
-		return nil, err
-	}
-	for {
-		_, data, err := c.Read(dctx)
-		if err != nil {
-			c.CloseNow()
-			return nil, err
-		}
-		if string(data) == "2" {
-			_ = c.Write(dctx, websocket.MessageText, []byte("3"))
-			continue
-		}
-		if bytes.HasPrefix(data, []byte("430[")) {
-			return c, nil
-		}
-	}
+	cl.c = c
+	return nil
 }
 
-// read records `42["tick",seq,sentUnixNano,pad]` until it has every event.
-func (cl *client) read(ctx context.Context, events int, received *atomic.Int64) {
-	prefix := []byte(`42["tick",`)
-	for cl.next < events {
-		_, data, err := cl.c.Read(ctx)
-		now := time.Now().UnixNano()
-		if err != nil {
-			return
-		}
-		if string(data) == "2" {
-			_ = cl.c.Write(ctx, websocket.MessageText, []byte("3"))
-			continue
-		}
-		if !bytes.HasPrefix(data, prefix) {
-			continue
-		}
-		rest := data[len(prefix):]
-		seqEnd := bytes.IndexByte(rest, ',')
-		seq, _ := strconv.Atoi(string(rest[:seqEnd]))
-		rest = rest[seqEnd+1:]
-		tsEnd := bytes.IndexByte(rest, ',')
-		sent, _ := strconv.ParseInt(string(rest[:tsEnd]), 10, 64)
-		if seq != cl.next {
-			cl.outOfOrd++
-		}
-		cl.next = seq + 1
-		cl.latencies = append(cl.latencies, now-sent)
-		received.Add(1)
+// onEvent records `tick(seq, sentUnixNano, pad)` until it has every event.
+func (cl *client) onEvent(ev sioclient.Event) {
+	now := time.Now().UnixNano()
+	if ev.Name != "tick" || cl.next >= cl.want {
+		return
+	}
+	var seq int
+	var sent int64
+	if ev.Decode(&seq, &sent) != nil {
+		return
+	}
+	if seq != cl.next {
+		cl.outOfOrd++
+	}
+	cl.next = seq + 1
+	cl.latencies = append(cl.latencies, now-sent)
+	cl.received.Add(1)
+	if cl.next >= cl.want {
+		close(cl.full)
 	}
 }

@@ -62,9 +62,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/coder/websocket"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/zndraw/joblib/internal/sio/sioclient"
 	"github.com/zndraw/joblib/models"
 )
 
@@ -302,7 +302,7 @@ func (h *harness) startServer(ctx context.Context) error {
 		return err
 	}
 	if h.token == "" {
-		b := make([]byte, 12)
+		b := make([]byte, 16) // serve refuses admin tokens under 32 characters
 		_, _ = crand.Read(b)
 		h.token = "jl_soak" + hex.EncodeToString(b)
 	}
@@ -951,150 +951,59 @@ func (h *harness) ui(ctx context.Context) error {
 	}
 }
 
-// ---- a minimal Socket.IO v5 client over a websocket ----
+// ---- the Socket.IO connections (internal/sio/sioclient) ----
 
 type sioClient struct {
-	c    *websocket.Conn
-	wmu  sync.Mutex
-	amu  sync.Mutex
-	next int
-	acks map[int]chan json.RawMessage
-	done chan struct{}
+	c    *sioclient.Client
+	done <-chan struct{} // closed when the connection has ended
 }
 
 // dialSIO connects to namespace / with the token and calls on for every
-// server event (on the reader goroutine; it must not block).
+// server event with its first argument (on the reader goroutine; it must not
+// block).
 func dialSIO(ctx context.Context, base, token string, on func(name string, arg json.RawMessage)) (*sioClient, error) {
 	dctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	wsURL := "ws" + strings.TrimPrefix(base, "http") + "/socket.io/?EIO=4&transport=websocket"
-	c, _, err := websocket.Dial(dctx, wsURL, nil)
+	c, err := sioclient.Dial(dctx, base, sioclient.Options{
+		Auth:      map[string]string{"token": token},
+		ReadLimit: 8 << 20,
+		OnEvent: func(ev sioclient.Event) {
+			var arg json.RawMessage
+			if len(ev.Args) > 0 {
+				arg = ev.Args[0]
+			}
+			on(ev.Name, arg)
+		},
+	})
 	if err != nil {
-		return nil, fmt.Errorf("dial: %w", err)
-	}
-	c.SetReadLimit(8 << 20)
-	read := func() ([]byte, error) {
-		for {
-			_, data, err := c.Read(dctx)
-			if err != nil {
-				return nil, err
-			}
-			if string(data) == "2" {
-				if err := c.Write(dctx, websocket.MessageText, []byte("3")); err != nil {
-					return nil, err
-				}
-				continue
-			}
-			return data, nil
-		}
-	}
-	if d, err := read(); err != nil || !bytes.HasPrefix(d, []byte("0{")) {
-		c.CloseNow()
-		return nil, fmt.Errorf("engine.io open: %q %v", d, err)
-	}
-	auth, _ := json.Marshal(map[string]string{"token": token})
-	if err := c.Write(dctx, websocket.MessageText, append([]byte("40"), auth...)); err != nil {
-		c.CloseNow()
 		return nil, err
 	}
-	if d, err := read(); err != nil || !bytes.HasPrefix(d, []byte("40{")) {
-		c.CloseNow()
-		return nil, fmt.Errorf("socket.io connect: %q %v", d, err)
-	}
-	s := &sioClient{c: c, acks: map[int]chan json.RawMessage{}, done: make(chan struct{})}
-	go s.readLoop(on)
-	return s, nil
-}
-
-func (s *sioClient) readLoop(on func(string, json.RawMessage)) {
-	defer close(s.done)
-	ctx := context.Background()
-	for {
-		_, data, err := s.c.Read(ctx)
-		if err != nil {
-			return
-		}
-		switch {
-		case string(data) == "2":
-			s.wmu.Lock()
-			err = s.c.Write(ctx, websocket.MessageText, []byte("3"))
-			s.wmu.Unlock()
-			if err != nil {
-				return
-			}
-		case bytes.HasPrefix(data, []byte("43")):
-			rest := data[2:]
-			j := bytes.IndexByte(rest, '[')
-			if j < 0 {
-				continue
-			}
-			id, _ := strconv.Atoi(string(rest[:j]))
-			var args []json.RawMessage
-			_ = json.Unmarshal(rest[j:], &args)
-			s.amu.Lock()
-			ch := s.acks[id]
-			delete(s.acks, id)
-			s.amu.Unlock()
-			if ch != nil && len(args) > 0 {
-				ch <- args[0]
-			}
-		case bytes.HasPrefix(data, []byte("42[")):
-			var args []json.RawMessage
-			if json.Unmarshal(data[2:], &args) != nil || len(args) == 0 {
-				continue
-			}
-			var name string
-			_ = json.Unmarshal(args[0], &name)
-			var arg json.RawMessage
-			if len(args) > 1 {
-				arg = args[1]
-			}
-			on(name, arg)
-		case bytes.HasPrefix(data, []byte("41")), bytes.HasPrefix(data, []byte("1")):
-			return
-		}
-	}
+	return &sioClient{c: c, done: c.Done()}, nil
 }
 
 // emitOK sends an event with an ack and requires {"ok": true}.
 func (s *sioClient) emitOK(ctx context.Context, name string, arg any) error {
-	s.amu.Lock()
-	id := s.next
-	s.next++
-	ch := make(chan json.RawMessage, 1)
-	s.acks[id] = ch
-	s.amu.Unlock()
-	payload, _ := json.Marshal([]any{name, arg})
-	s.wmu.Lock()
-	err := s.c.Write(ctx, websocket.MessageText, append([]byte("42"+strconv.Itoa(id)), payload...))
-	s.wmu.Unlock()
+	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	a, err := s.c.Call(cctx, name, arg)
 	if err != nil {
 		return err
 	}
-	select {
-	case a := <-ch:
-		var r struct {
-			OK     bool   `json:"ok"`
-			Detail string `json:"detail"`
-		}
-		_ = json.Unmarshal(a, &r)
-		if !r.OK {
-			return fmt.Errorf("%s refused: %s", name, r.Detail)
-		}
-		return nil
-	case <-s.done:
-		return errors.New("connection closed before the ack")
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-time.After(15 * time.Second):
-		return fmt.Errorf("%s: no ack within 15s", name)
+	var r struct {
+		OK     bool   `json:"ok"`
+		Detail string `json:"detail"`
 	}
+	_ = a.Decode(&r)
+	if !r.OK {
+		return fmt.Errorf("%s refused: %s", name, r.Detail)
+	}
+	return nil
 }
 
 // close drops the connection without a Socket.IO DISCONNECT, like a killed
 // process.
 func (s *sioClient) close() {
-	_ = s.c.CloseNow()
+	s.c.Kill()
 	<-s.done
 }
 

@@ -65,7 +65,7 @@ func TestServeConcurrentStartEmptyDatabase(t *testing.T) {
 func TestServeNodeIdentity(t *testing.T) {
 	t.Parallel()
 	dbURL := dbtest.URL(t, models.Postgres)
-	env := []string{"JOBLIB_DATABASE_URL=" + dbURL, "JOBLIB_ADMIN_TOKEN=jl_identity"}
+	env := []string{"JOBLIB_DATABASE_URL=" + dbURL, "JOBLIB_ADMIN_TOKEN=" + testAdminToken}
 	first := startServe(t, append(env, "JOBLIB_NODE_ID=same")...)
 	second := launchServe(t, append(env, "JOBLIB_NODE_ID=same")...)
 	select {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"os"
 	"os/exec"
@@ -64,7 +65,7 @@ func TestTokenCommands(t *testing.T) {
 			if !strings.HasPrefix(tok, "jl_") {
 				t.Fatalf("token create printed %q", out)
 			}
-			srv := startServe(t, "JOBLIB_DATABASE_URL="+url, "JOBLIB_CREDENTIAL_CACHE_TTL=0s", "JOBLIB_ADMIN_TOKEN=jl_admin")
+			srv := startServe(t, "JOBLIB_DATABASE_URL="+url, "JOBLIB_CREDENTIAL_CACHE_TTL=0s", "JOBLIB_ADMIN_TOKEN="+testAdminToken)
 			if st, _, _ := call(t, "POST", srv.base()+"/workers", tok, nil); st != 201 {
 				t.Fatalf("new token: %d", st)
 			}
@@ -135,24 +136,64 @@ func TestTokenCommands(t *testing.T) {
 	}
 }
 
+// Admin tokens of the tests: long and random enough for serve's check.
+const (
+	testAdminToken = "jl_test_5e1cc4797f9d70493f38e7675e2adb67fffca6dd"
+	oldAdmin       = "jl_old_6bdcc41bfee199be6f31414dd87da6bb342e4a8f"
+	newAdmin       = "jl_new_a96f708ee7e6e214180f91645b2909138f6ec417"
+)
+
+// A short or guessable JOBLIB_ADMIN_TOKEN stops start-up with a message
+// naming the variable, before anything is created in the database.
+func TestServeRefusesWeakAdminToken(t *testing.T) {
+	t.Parallel()
+	for _, d := range dbtest.Dialects {
+		t.Run(string(d), func(t *testing.T) {
+			t.Parallel()
+			url := dbtest.URL(t, d)
+			for token, why := range map[string]string{
+				"admintok":                                "is 8 characters long; it must have at least 32",
+				strings.Repeat("admintok", 5):             "bits of entropy",
+				"0123456789abcdef0123456789abcdef":        "bits of entropy",
+				"jl_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa": "bits of entropy",
+			} {
+				// A server that accepts the token keeps running: stopped
+				// after a while, it has failed the test.
+				ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+				cmd := exec.CommandContext(ctx, joblibBinary(t), "serve")
+				cmd.Env = append(os.Environ(), "JOBLIB_DATABASE_URL="+url, "JOBLIB_LISTEN_ADDR=127.0.0.1:0", "JOBLIB_ADMIN_TOKEN="+token)
+				out, err := cmd.CombinedOutput()
+				cancel()
+				if err == nil || !strings.Contains(string(out), "JOBLIB_ADMIN_TOKEN") || !strings.Contains(string(out), why) {
+					t.Fatalf("admin token %q: %v\n%s", token, err, out)
+				}
+			}
+			p := startServe(t, "JOBLIB_DATABASE_URL="+url, "JOBLIB_ADMIN_TOKEN="+testAdminToken)
+			if st, _, _ := call(t, "GET", p.base()+"/workers", testAdminToken, nil); st != 200 {
+				t.Fatalf("a strong admin token: %d", st)
+			}
+		})
+	}
+}
+
 // Restarting with a new JOBLIB_ADMIN_TOKEN revokes the old one; a JWT-shaped
 // admin token next to a JWT secret stops start-up with the reason.
 func TestServeAdminTokenRotation(t *testing.T) {
 	t.Parallel()
 	url := dbtest.URL(t, "sqlite")
-	first := startServe(t, "JOBLIB_DATABASE_URL="+url, "JOBLIB_ADMIN_TOKEN=old-admin-secret", "JOBLIB_JWT_SECRET=s3cret")
-	if st, _, _ := call(t, "GET", first.base()+"/workers", "old-admin-secret", nil); st != 200 {
+	first := startServe(t, "JOBLIB_DATABASE_URL="+url, "JOBLIB_ADMIN_TOKEN="+oldAdmin, "JOBLIB_JWT_SECRET=s3cret")
+	if st, _, _ := call(t, "GET", first.base()+"/workers", oldAdmin, nil); st != 200 {
 		t.Fatalf("admin token with a JWT secret set: %d", st)
 	}
 	if err := first.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	<-first.done
-	second := startServe(t, "JOBLIB_DATABASE_URL="+url, "JOBLIB_ADMIN_TOKEN=jl_new", "JOBLIB_JWT_SECRET=s3cret")
-	if st, _, b := call(t, "GET", second.base()+"/workers", "old-admin-secret", nil); st != 401 || b["detail"] != "Token revoked" {
+	second := startServe(t, "JOBLIB_DATABASE_URL="+url, "JOBLIB_ADMIN_TOKEN="+newAdmin, "JOBLIB_JWT_SECRET=s3cret")
+	if st, _, b := call(t, "GET", second.base()+"/workers", oldAdmin, nil); st != 401 || b["detail"] != "Token revoked" {
 		t.Fatalf("old admin token after rotation: %d %v", st, b)
 	}
-	if st, _, _ := call(t, "GET", second.base()+"/workers", "jl_new", nil); st != 200 {
+	if st, _, _ := call(t, "GET", second.base()+"/workers", newAdmin, nil); st != 200 {
 		t.Fatalf("new admin token: %d", st)
 	}
 	cmd := exec.Command(joblibBinary(t), "serve")

@@ -176,7 +176,7 @@ func callRaw(t *testing.T, method, url, token string, body []byte, hdr ...string
 // the process exits cleanly.
 func TestServeEndToEnd(t *testing.T) {
 	t.Parallel()
-	const token = "e2e-admin-token"
+	const token = testAdminToken
 	db := filepath.Join(t.TempDir(), "e2e.db")
 	p := startServe(t, "JOBLIB_DATABASE_URL="+db, "JOBLIB_ADMIN_TOKEN="+token)
 	base := "http://" + p.addr + "/v1/joblib"

@@ -17,7 +17,7 @@ var metricsLine = regexp.MustCompile(`msg="metrics listening" addr=(\S+)`)
 func TestServeMetricsFenced(t *testing.T) {
 	t.Parallel()
 	db := filepath.Join(t.TempDir(), "m.db")
-	p := startServe(t, "JOBLIB_DATABASE_URL="+db, "JOBLIB_ADMIN_TOKEN=adm", "JOBLIB_METRICS_ADDR=127.0.0.1:0", "JOBLIB_METRICS_TOKEN=s3cret")
+	p := startServe(t, "JOBLIB_DATABASE_URL="+db, "JOBLIB_ADMIN_TOKEN="+testAdminToken, "JOBLIB_METRICS_ADDR=127.0.0.1:0", "JOBLIB_METRICS_TOKEN=s3cret")
 	var maddr string
 	deadline := time.Now().Add(10 * time.Second)
 	for maddr == "" {

@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/zndraw/joblib/internal/jsonguard"
+	"github.com/zndraw/joblib/internal/sio/wire"
 	"github.com/zndraw/joblib/server/sio/engineio"
-	"github.com/zndraw/joblib/server/sio/wire"
 )
 
 // client is the Socket.IO side of one Engine.IO session: its sockets (one

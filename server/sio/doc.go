@@ -3,7 +3,8 @@
 // speaks to unmodified socket.io-client 4.x and python-socketio 5.x:
 // namespaces (each with its own handler and auth, several multiplexed on one
 // Engine.IO session), rooms, acknowledgements in both directions and binary
-// attachments. The packet codec lives in package wire.
+// attachments. The packet codec lives in package internal/sio/wire, shared with
+// the Go client (internal/sio/sioclient).
 //
 // # API
 //

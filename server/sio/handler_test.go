@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/zndraw/joblib/server/sio/wire"
+	"github.com/zndraw/joblib/internal/sio/wire"
 )
 
 // refusal is an OnConnect error with data, like a JS `next(err)` with err.data.

@@ -9,8 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/zndraw/joblib/internal/sio/wire"
 	"github.com/zndraw/joblib/server/sio/engineio"
-	"github.com/zndraw/joblib/server/sio/wire"
 )
 
 type sockState int

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
-	"github.com/zndraw/joblib/server/sio/wire"
+	"github.com/zndraw/joblib/internal/sio/wire"
 )
 
 // Transport names, as Engine.IO spells them.

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/zndraw/joblib/server/sio/wire"
+	"github.com/zndraw/joblib/internal/sio/wire"
 )
 
 // noopInterval is how long a GET waits during an upgrade before it is

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
-	"github.com/zndraw/joblib/server/sio/wire"
+	"github.com/zndraw/joblib/internal/sio/wire"
 )
 
 // Buffer sizes of a websocket connection. net/http hands a hijacked

@@ -13,11 +13,17 @@ const out = (o) => process.stdout.write(JSON.stringify(o) + "\n");
 async function handle(cmd) {
   switch (cmd.op) {
     case "connect": {
-      const opts = { auth: { token: cmd.token }, reconnection: false, forceNew: true };
+      // reconnection (off by default): the client reconnects by itself, as
+      // a UI does; every connect is reported as "$connect" with the session
+      // id and whether the session was recovered (recover: ask for it).
+      const auth = cmd.recover ? { token: cmd.token, recover: true } : { token: cmd.token };
+      const opts = { auth, reconnection: !!cmd.reconnection, reconnectionDelay: 200, reconnectionDelayMax: 1000, forceNew: true };
       if (cmd.transports) opts.transports = cmd.transports;
+      if (cmd.headers) opts.extraHeaders = cmd.headers;
       const socket = io(cmd.url, opts);
       sockets.set(cmd.sock, socket);
       socket.onAny((event, payload) => out({ sock: cmd.sock, event, payload }));
+      socket.on("connect", () => out({ sock: cmd.sock, event: "$connect", payload: { sid: socket.io.engine.id, recovered: socket.recovered } }));
       socket.on("disconnect", (reason) => out({ sock: cmd.sock, event: "$disconnect", reason }));
       await new Promise((resolve, reject) => {
         const timer = setTimeout(() => reject(new Error("connect timed out")), 5000);
@@ -47,6 +53,11 @@ async function handle(cmd) {
       if (socket) socket.close();
       sockets.delete(cmd.sock);
       return null;
+    }
+    case "sid": {
+      // The Engine.IO session id (it names the node holding the session).
+      const socket = sockets.get(cmd.sock);
+      return socket?.io?.engine?.id ?? null;
     }
     case "transport": {
       const socket = sockets.get(cmd.sock);

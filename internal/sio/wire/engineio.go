@@ -1,7 +1,8 @@
 // Package wire is the codec for Engine.IO protocol v4 and Socket.IO protocol v5.
 //
 // It only turns bytes into packets and back; sessions, heartbeats, transports and
-// acknowledgements live in package sio. Every decoder is strict: anything the
+// acknowledgements live in the server (package server/sio) and in the Go client
+// (package internal/sio/sioclient), which both use it. Every decoder is strict: anything the
 // reference parsers (engine.io-parser 5, socket.io-parser 4.2) would reject is an
 // error here, so the server can close the offending connection.
 //
