@@ -40,21 +40,21 @@ func TestReapLostNodes(t *testing.T) {
 		b.must(err)
 
 		// A live lease is never reaped.
-		res, err := b.svc.ReapLostNodes(b.ctx, 0)
+		res, err := b.svc.ReapLostNodes(b.ctx, 0, joblib.LeaderFence{})
 		b.must(err)
 		if len(res.Nodes) != 0 || res.Result.Cleaned != 0 {
 			t.Fatalf("reaped live nodes: %+v", res)
 		}
 		b.must(q.ExpireNodeLease("dead-run"))
 		// Inside the grace window nothing happens yet.
-		res, err = b.svc.ReapLostNodes(b.ctx, time.Hour)
+		res, err = b.svc.ReapLostNodes(b.ctx, time.Hour, joblib.LeaderFence{})
 		b.must(err)
 		if len(res.Nodes) != 0 || res.Result.Cleaned != 0 {
 			t.Fatalf("reaped within the grace window: %+v", res)
 		}
 		time.Sleep(5 * time.Millisecond) // the database clock moves past expires_at
 		b.rec.take()
-		res, err = b.svc.ReapLostNodes(b.ctx, 0)
+		res, err = b.svc.ReapLostNodes(b.ctx, 0, joblib.LeaderFence{})
 		b.must(err)
 		if len(res.Nodes) != 1 || res.Nodes[0].Run != "dead-run" || res.Result.Cleaned != 1 || res.Result.Workers[0].ID != lost {
 			t.Fatalf("reap: %+v", res)
@@ -79,7 +79,7 @@ func TestReapLostNodes(t *testing.T) {
 			t.Fatalf("nodes after the reap: %+v", nodes)
 		}
 		// Nothing left to do: a second pass is a no-op.
-		res, err = b.svc.ReapLostNodes(b.ctx, 0)
+		res, err = b.svc.ReapLostNodes(b.ctx, 0, joblib.LeaderFence{})
 		b.must(err)
 		if len(res.Nodes) != 0 || res.Result.Cleaned != 0 {
 			t.Fatalf("second pass: %+v", res)
@@ -194,7 +194,7 @@ func TestCleanStopIsNotALostNode(t *testing.T) {
 			t.Fatal(err)
 		}
 		time.Sleep(5 * time.Millisecond) // the database clock moves past both leases
-		res, err := svc.ReapLostNodes(ctx, 0)
+		res, err := svc.ReapLostNodes(ctx, 0, joblib.LeaderFence{})
 		if err != nil || len(res.Nodes) != 2 {
 			t.Fatalf("reap: %+v %v", res, err)
 		}

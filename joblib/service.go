@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 
 	"github.com/google/uuid"
 	"github.com/zndraw/joblib/events"
@@ -32,8 +33,10 @@ type Service struct {
 	relay     *relay
 	cache     ResultCache
 	rates     rateLimits
+	progress  *progressCoalescer
 
 	node        Node
+	lease       atomic.Pointer[Lease] // this node's lease, once NewLease made it
 	fpObservers []func(FalsePositive)
 	pruneObs    []func(status string, n int64)
 
@@ -70,6 +73,7 @@ func New(cfg Config) *Service {
 	cfg.Settings.InternalWorkers = cmp.Or(cfg.Settings.InternalWorkers, def.InternalWorkers)
 	cfg.Settings.TaskRetentionBatch = cmp.Or(cfg.Settings.TaskRetentionBatch, def.TaskRetentionBatch)
 	cfg.Settings.NodeLeaseTimeout = cmp.Or(cfg.Settings.NodeLeaseTimeout, def.NodeLeaseTimeout)
+	cfg.Settings.TaskProgressRate = cmp.Or(cfg.Settings.TaskProgressRate, def.TaskProgressRate)
 	if cfg.ResultCache == nil {
 		cfg.ResultCache = DefaultResultCache(cfg.DB, cfg.Logger, cfg.Settings.ResultCacheBudget())
 	}
@@ -84,6 +88,7 @@ func New(cfg Config) *Service {
 		cache:    cfg.ResultCache,
 		rates:    newRateLimits(cfg.Settings),
 	}
+	s.progress = newProgressCoalescer(s.publishNow, func() float64 { return s.Settings().TaskProgressRate })
 	s.runner = newInternalRunner(s)
 	s.relay = newRelay(s)
 	s.node = cfg.Node

@@ -50,12 +50,15 @@ func (q *Q) AcquireNodeLease(run, nodeID, addr string, ttl time.Duration) error 
 	return nil
 }
 
-// RenewNodeLease extends this run's lease to ttl from the database's now. It
-// reports false when the lease row is gone: another node judged this one
-// dead and released its sockets.
+// RenewNodeLease extends this run's live lease to ttl from the database's
+// now. It reports false when the lease has expired by the database's clock
+// or its row is gone (another node judged this one dead and released its
+// sockets): a lapsed lease is never extended, since a surviving node may be
+// releasing its sockets at that moment; the node must treat its sockets as
+// lost and take its lease anew (AcquireNodeLease).
 func (q *Q) RenewNodeLease(run string, ttl time.Duration) (bool, error) {
 	exp, arg := q.after(ttl)
-	res := q.g.Exec("UPDATE nodes SET renewed_at = "+q.now()+", expires_at = "+exp+" WHERE run = ?", arg, run)
+	res := q.g.Exec("UPDATE nodes SET renewed_at = "+q.now()+", expires_at = "+exp+" WHERE run = ? AND expires_at > "+q.now(), arg, run)
 	if res.Error != nil {
 		return false, fmt.Errorf("renew node lease: %w", mapErr(res.Error))
 	}
@@ -88,10 +91,12 @@ func (q *Q) LapsedNodes(grace time.Duration, limit int) ([]NodeLease, error) {
 }
 
 // DeleteLapsedNode removes a node run's lease row if it is still lapsed by
-// more than grace (it was not renewed meanwhile).
-func (q *Q) DeleteLapsedNode(run string, grace time.Duration) (bool, error) {
+// more than grace (it was not renewed meanwhile). lead fences it to the
+// sweeper leader (zero: unfenced).
+func (q *Q) DeleteLapsedNode(run string, grace time.Duration, lead LeaderFence) (bool, error) {
 	expr, arg := q.before(grace)
-	res := q.g.Exec("DELETE FROM nodes WHERE run = ? AND expires_at < "+expr, run, arg)
+	where, args := q.andLeader("run = ? AND expires_at < "+expr, []any{run, arg}, lead)
+	res := q.g.Exec("DELETE FROM nodes WHERE "+where, args...)
 	if res.Error != nil {
 		return false, fmt.Errorf("delete lapsed node: %w", mapErr(res.Error))
 	}

@@ -254,7 +254,7 @@ func (rt *Realtime) Start() {
 			// What this node records to replay has a hole now: no
 			// session may be recovered from an offset before it.
 			rt.io.Namespace("/").ResetHistory()
-			rt.invalidateAll()
+			rt.invalidateAll("event bus gap")
 		})
 	}
 	rt.wg.Go(rt.keepAlive)
@@ -289,6 +289,20 @@ func (rt *Realtime) Shutdown(ctx context.Context) error {
 	rt.cancel()
 	rt.wg.Wait()
 	return err
+}
+
+// LeaseLost is what this node does when it finds its lease lapsed (it
+// stalled longer than the lease, or another node judged it dead): it closes
+// every worker socket, so that the workers re-join (re-registering if they
+// were reaped) and get a fresh binding, and tells every UI room to refetch,
+// with no recovery from an offset before now (the events of the stall are
+// another node's to tell). Log and return the number of sockets closed.
+func (rt *Realtime) LeaseLost() int {
+	n := rt.DropWorkerSockets()
+	rt.io.Namespace("/").ResetHistory()
+	rt.invalidateAll("node lease lost")
+	rt.log.Warn("node lease lost: worker sockets closed", "worker_sockets", n)
+	return n
 }
 
 // DropWorkerSockets closes every socket that holds a worker on this node, so
@@ -349,9 +363,9 @@ func rejectAck(limit string) []any {
 }
 
 // invalidateAll tells every UI room on this node to refetch: events of
-// other nodes were lost (a bus gap), so its job, provider and task views
-// may be stale.
-func (rt *Realtime) invalidateAll() {
+// other nodes were lost (a bus gap) or this node stalled, so its job,
+// provider and task views may be stale.
+func (rt *Realtime) invalidateAll(why string) {
 	rt.mu.Lock()
 	closed := rt.closed
 	rt.mu.Unlock()
@@ -368,7 +382,7 @@ func (rt *Realtime) invalidateAll() {
 		}
 		n++
 	}
-	rt.log.Warn("event bus gap: UI rooms told to refetch", "rooms", n)
+	rt.log.Warn(why+": UI rooms told to refetch", "rooms", n)
 }
 
 // connectError is a CONNECT refusal.
@@ -461,6 +475,11 @@ func (rt *Realtime) OnEvent(ctx context.Context, s *sio.Socket, ev sio.Event, re
 func (rt *Realtime) handle(ctx context.Context, s *sio.Socket, st *connState, ev sio.Event) ack {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
+	// After a stall this node acts for nobody until its lease is known
+	// valid again; if it lapsed, this socket is being dropped.
+	if err := rt.svc.AwaitNodeLease(ctx); err != nil {
+		return ack{Status: 503, Detail: "This node is checking its lease after a stall; reconnect and retry"}
+	}
 	var body struct {
 		JobName      *string `json:"job_name"`
 		ProviderName *string `json:"provider_name"`
@@ -524,6 +543,8 @@ func (rt *Realtime) handle(ctx context.Context, s *sio.Socket, st *connState, ev
 		return rt.claimTasks(ctx, st, body.WorkerID, body.Limit, body.Start)
 	case "update_tasks":
 		return rt.updateTasks(ctx, st, body.Updates)
+	case "task_progress":
+		return rt.taskProgress(ctx, st, ev.Args)
 	case "join_room", "leave_room":
 		if body.RoomID == nil {
 			return ack{Status: 422, Detail: "room_id is required"}
@@ -601,6 +622,30 @@ func (rt *Realtime) updateTasks(ctx context.Context, st *connState, raw json.Raw
 	return ack{OK: true, Results: taskUpdateItems(ctx, rt.log, rs)}
 }
 
+// taskProgress is a worker's progress report over its socket
+// (task_progress {task_id, current, total, message}), answered as PATCH
+// /tasks/{id} with {"progress": ...} would be.
+func (rt *Realtime) taskProgress(ctx context.Context, st *connState, args []json.RawMessage) ack {
+	if st.anon {
+		return ack{Status: 401, Detail: "Unauthorized"}
+	}
+	var b struct {
+		TaskID *string `json:"task_id"`
+		joblib.Progress
+	}
+	if len(args) == 0 || json.Unmarshal(args[0], &b) != nil || b.TaskID == nil {
+		return ack{Status: 422, Detail: "task_id is required; current and total are numbers, message a string"}
+	}
+	id, err := uuid.Parse(*b.TaskID)
+	if err != nil {
+		return ack{Status: 422, Detail: "task_id must be a UUID"}
+	}
+	if _, err := rt.svc.ReportProgress(ctx, st.p, id, b.Progress); err != nil {
+		return errAck(err)
+	}
+	return ack{OK: true}
+}
+
 // joinAsWorker authorizes a worker's join (the worker is the caller's, the
 // target exists), joins the room and binds the worker to this socket.
 func (rt *Realtime) joinAsWorker(ctx context.Context, s *sio.Socket, st *connState, rawWorker, room string, exists func() error) ack {
@@ -637,6 +682,11 @@ func (rt *Realtime) joinAsWorker(ctx context.Context, s *sio.Socket, st *connSta
 		rt.bound[wid] = s
 		rt.mu.Unlock()
 		rt.dash.poke()
+		// The worker's own room: task_cancelled for the tasks it holds
+		// reaches this socket from any node.
+		if err := s.Join(events.WorkerRoom(wid.String())); err != nil {
+			return joinErrAck(err)
+		}
 	}
 	if err := s.Join(room); err != nil {
 		return joinErrAck(err)
@@ -726,6 +776,12 @@ func (rt *Realtime) expire(wid uuid.UUID, epoch int64) {
 	defer rt.wg.Done()
 	ctx, cancel := context.WithTimeout(rt.ctx, 30*time.Second)
 	defer cancel()
+	// A timer that fires as the node wakes from a stall waits for the
+	// lease check; a lease lost meanwhile changes nothing for it (the
+	// cleanup is fenced by the binding's epoch, whoever acts first).
+	if err := rt.svc.AwaitNodeLease(ctx); err != nil && !errors.Is(err, joblib.ErrNodeLeaseLost) {
+		return
+	}
 	res, err := rt.svc.CleanupWorker(ctx, wid, joblib.DisconnectCleanup(epoch))
 	if err != nil {
 		if !errors.Is(err, context.Canceled) {

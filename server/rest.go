@@ -424,6 +424,10 @@ type registerJobBody struct {
 	WorkerID     *uuid.UUID      `json:"worker_id"`
 	OnWorkerLoss string          `json:"on_worker_loss"`
 	MaxAttempts  int             `json:"max_attempts"`
+	// Task limits in seconds and the timeout policy (optional).
+	TaskTimeout      *int   `json:"task_timeout"`
+	HeartbeatTimeout *int   `json:"heartbeat_timeout"`
+	OnTimeout        string `json:"on_timeout"`
 }
 
 // schemaOf picks the schema field (or its alias) and checks it is an object.
@@ -460,6 +464,7 @@ func (s *Server) registerJob(w http.ResponseWriter, r *http.Request) {
 	job, created, err := s.svc.RegisterJob(r.Context(), p, room, joblib.RegisterJobParams{
 		Category: *b.Category, Name: *b.Name, Schema: schema, WorkerID: b.WorkerID,
 		OnWorkerLoss: b.OnWorkerLoss, MaxAttempts: b.MaxAttempts,
+		TaskTimeout: b.TaskTimeout, HeartbeatTimeout: b.HeartbeatTimeout, OnTimeout: b.OnTimeout,
 	})
 	s.answer(w, r, createdOrOK(created), job, err)
 }
@@ -508,6 +513,8 @@ func (s *Server) submitTask(w http.ResponseWriter, r *http.Request) {
 	}
 	var b struct {
 		Payload json.RawMessage `json:"payload"`
+		// Timeout is the task's own task_timeout in seconds (optional).
+		Timeout *int `json:"timeout"`
 	}
 	if !s.decodeBody(w, r, &b) {
 		return
@@ -516,7 +523,7 @@ func (s *Server) submitTask(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, `field "payload": expected a JSON object`)
 		return
 	}
-	task, err := s.svc.SubmitTask(r.Context(), p, room, r.PathValue("name"), b.Payload)
+	task, err := s.svc.SubmitTaskWith(r.Context(), p, room, r.PathValue("name"), b.Payload, joblib.SubmitOptions{Timeout: b.Timeout})
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -639,9 +646,25 @@ func (s *Server) updateTask(w http.ResponseWriter, r *http.Request) {
 		Status *string         `json:"status"`
 		Error  *string         `json:"error"`
 		Result json.RawMessage `json:"result"`
+		// Progress is the holder's progress report, alone or with a status.
+		Progress json.RawMessage `json:"progress"`
 	}
 	if !s.decodeBody(w, r, &b) {
 		return
+	}
+	if pr, ok := progressOf(b.Progress); ok {
+		task, err := s.svc.ReportProgress(r.Context(), p, id, pr)
+		if b.Status == nil {
+			s.answer(w, r, http.StatusOK, task, err)
+			return
+		}
+		// With a status, the transition decides the answer: a progress the
+		// task does not take (a superuser's override, a task that is not
+		// held) is dropped, as before progress existed.
+		if _, refused := joblib.AsError(err); err != nil && !refused {
+			s.fail(w, r, err)
+			return
+		}
 	}
 	if b.Status == nil || !joblib.ValidStatus(*b.Status) {
 		badRequest(w, `field "status" must be one of pending, claimed, running, completed, failed, cancelled`)
@@ -649,6 +672,30 @@ func (s *Server) updateTask(w http.ResponseWriter, r *http.Request) {
 	}
 	task, err := s.svc.UpdateTaskResult(r.Context(), p, id, *b.Status, b.Error, b.Result)
 	s.answer(w, r, http.StatusOK, task, err)
+}
+
+// progressOf reads the "progress" of a task update: an object {current,
+// total, message}, or a bare number taken as current. Any other value is
+// ignored, as every field the server did not know was before progress
+// existed.
+func progressOf(raw json.RawMessage) (joblib.Progress, bool) {
+	var pr joblib.Progress
+	t := bytes.TrimSpace(raw)
+	if len(t) == 0 {
+		return pr, false
+	}
+	switch t[0] {
+	case '{':
+		return pr, json.Unmarshal(t, &pr) == nil
+	case '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9':
+		var n float64
+		if json.Unmarshal(t, &n) != nil {
+			return pr, false
+		}
+		pr.Current = &n
+		return pr, true
+	}
+	return pr, false
 }
 
 // --- health

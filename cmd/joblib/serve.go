@@ -202,7 +202,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	lease := svc.NewLease(joblib.LeaseConfig{
 		Addr:   advertiseAddr(cfg.NodeAddr, ln.Addr()),
 		Logger: log,
-		OnLost: func() { rt.DropWorkerSockets() },
+		OnLost: func() { rt.LeaseLost() },
 	})
 	if err := lease.Start(ctx); err != nil {
 		ln.Close()

@@ -14,7 +14,12 @@ Its life, as docs/quickstart.md describes it over curl:
    the worker heartbeats over REST (PATCH /workers/{id}) and reconnects.
 4. On task_available (and after each connect): POST /tasks/claim until it
    answers {"task": null}; for each task PATCH running, run the job, PATCH
-   completed with its result (or failed with the error).
+   completed with its result (or failed with the error). A long job reports
+   its progress (the task_progress socket event, acknowledged), which the
+   room's UIs see and which keeps a task with a heartbeat_timeout alive.
+   When the server ends a task under it (its submitter cancelled it, or it
+   passed its timeout), task_cancelled arrives on the socket and the job
+   stops at its next step; nothing is reported for it.
 5. When the server lost the worker (an operator deleted it, a sweep reaped
    it: a 404 on a join, a claim or a heartbeat), register again, as the Go
    SDK does.
@@ -26,7 +31,8 @@ also works), JOBLIB_CLIENT_TOKEN (or JOBLIB_TOKEN), ROOM (default
 "examples"), WORKER_TIMEOUT seconds (default 60, the server's
 JOBLIB_WORKER_TIMEOUT). Prints "ready <worker id>" once serving,
 "registered <worker id>" after registering again, "done <task id>" after
-each task and "stopped <worker id>" at the end.
+each task, "cancelled <task id> <reason>" for a task the server ended and
+"stopped <worker id>" at the end.
 """
 import os
 import signal
@@ -49,23 +55,63 @@ http = requests.Session()
 http.headers["Authorization"] = "Bearer " + TOKEN
 
 
-def scale(payload):
+class Cancelled(Exception):
+    """The server ended the task (cancelled, or timed out)."""
+
+
+class Work:
+    """What a job sees of its task: progress reports and the server's stop."""
+
+    def __init__(self, task_id):
+        self.task_id = task_id
+        self.stop = threading.Event()  # set by task_cancelled
+        self.reason = ""
+
+    def progress(self, current, total, message=""):
+        body = {"current": current, "total": total, "message": message}
+        if sio.connected:
+            ack = sio.call("task_progress", {"task_id": self.task_id, **body}, timeout=10)
+            refused, detail = (None, "") if ack.get("ok") else (ack.get("status"), ack.get("detail", ""))
+        else:
+            r = http.patch(f"{API}/tasks/{self.task_id}", json={"progress": body}, timeout=30)
+            refused, detail = (r.status_code, r.json().get("detail", "")) if r.status_code >= 400 else (None, "")
+        if refused == 409:  # the task ended (or passed its deadline) meanwhile
+            raise Cancelled(self.reason or detail)
+        if refused:
+            print("progress refused:", refused, detail, file=sys.stderr, flush=True)
+
+
+def scale(payload, work):
     """modifiers:Scale multiplies payload["values"] by payload["factor"]."""
     factor = float(payload.get("factor", 1))
     return {"values": [v * factor for v in payload.get("values", [])]}
 
 
-def summarize(payload):
+def summarize(payload, work):
     """analysis:Summarize returns count, sum and mean of payload["values"]."""
     values = payload.get("values", [])
     return {"count": len(values), "sum": sum(values), "mean": sum(values) / len(values) if values else None}
+
+
+def sleep(payload, work):
+    """modifiers:Sleep works payload["steps"] steps of payload["delay"]
+    seconds, reporting its progress after each, and stops as soon as the
+    server ends the task."""
+    steps, delay = int(payload.get("steps", 10)), float(payload.get("delay", 0.1))
+    for i in range(steps):
+        work.progress(i, steps, f"step {i + 1} of {steps}")
+        if work.stop.wait(delay):
+            raise Cancelled(work.reason)
+    return {"steps": steps}
 
 
 # category:name -> (JSON schema of the payload, function)
 JOBS = {
     ("modifiers", "Scale"): ({"type": "object", "properties": {"values": {"type": "array"}, "factor": {"type": "number"}}}, scale),
     ("analysis", "Summarize"): ({"type": "object", "properties": {"values": {"type": "array"}}}, summarize),
+    ("modifiers", "Sleep"): ({"type": "object", "properties": {"steps": {"type": "integer"}, "delay": {"type": "number"}}}, sleep),
 }
+running = {}  # task id -> Work of the task being run
 
 
 class HTTPError(RuntimeError):
@@ -107,13 +153,19 @@ def register(stale=None):
 
 def run_task(task):
     tid = task["id"]
-    call("PATCH", f"/tasks/{tid}", json={"status": "running"})
+    work = running[tid] = Work(tid)
     try:
-        result = full_names[task["job_name"]](task.get("payload") or {})
+        call("PATCH", f"/tasks/{tid}", json={"status": "running"})
+        result = full_names[task["job_name"]](task.get("payload") or {}, work)
+    except Cancelled as why:  # the server ended it: nothing to report
+        print("cancelled", tid, why, flush=True)
+        return
     except Exception as exc:  # the job failed: report it, keep serving
         call("PATCH", f"/tasks/{tid}", json={"status": "failed", "error": f"{type(exc).__name__}: {exc}"})
     else:
         call("PATCH", f"/tasks/{tid}", json={"status": "completed", "result": result})
+    finally:
+        running.pop(tid, None)
     print("done", tid, flush=True)
 
 
@@ -182,6 +234,16 @@ def shutdown():
         print("delete worker:", exc, file=sys.stderr, flush=True)
     print("stopped", worker_id, flush=True)
     os._exit(0)  # socket threads must not hold the exit
+
+
+@sio.on("task_cancelled")
+def task_cancelled(data):
+    # The task's submitter (or an operator) cancelled it, or it passed its
+    # timeout: the job stops at its next step.
+    work = running.get(data.get("task_id"))
+    if work is not None:
+        work.reason = data.get("reason", "")
+        work.stop.set()
 
 
 def stop(signum, frame):
