@@ -17,17 +17,7 @@ import (
 // Chromium, with every documented endpoint listed, and loads nothing from
 // another origin (the page's Content-Security-Policy allows only 'self').
 func TestDocsPageInBrowser(t *testing.T) {
-	bin, err := browser.Find()
-	if err != nil {
-		t.Fatalf("%v (scripts/test.sh installs Debian's chromium)", err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	b, err := browser.Launch(ctx, bin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	ctx, b := launchBrowser(t, time.Minute)
 	dbtest.Each(t, func(t *testing.T, db *models.DB) {
 		e := setup(t, db)
 		var doc struct {
@@ -89,4 +79,22 @@ func TestDocsPageInBrowser(t *testing.T) {
 			t.Fatalf("only %d endpoints documented", len(want))
 		}
 	})
+}
+
+// launchBrowser starts headless Chromium for the test, closed at its end,
+// and a context that bounds the test's browser work.
+func launchBrowser(t *testing.T, d time.Duration) (context.Context, *browser.Browser) {
+	t.Helper()
+	bin, err := browser.Find()
+	if err != nil {
+		t.Fatalf("%v (scripts/test.sh installs Debian's chromium)", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	b, err := browser.Launch(ctx, bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	return ctx, b
 }

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/zndraw/joblib/internal/browser"
 	"github.com/zndraw/joblib/internal/dbtest"
 	"github.com/zndraw/joblib/models"
 	"github.com/zndraw/joblib/server"
@@ -17,17 +16,7 @@ import (
 // claimed (claim latency appears), completed and failed (their per-minute
 // points rise): each change shows in the page without a reload.
 func TestDashboardTrendsInBrowser(t *testing.T) {
-	bin, err := browser.Find()
-	if err != nil {
-		t.Fatalf("%v (scripts/test.sh installs Debian's chromium)", err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	b, err := browser.Launch(ctx, bin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	ctx, b := launchBrowser(t, 2*time.Minute)
 	dbtest.Each(t, func(t *testing.T, db *models.DB) {
 		e := setup(t, db, withRealtime(server.DefaultRealtimeConfig()))
 		worker := e.seed()
