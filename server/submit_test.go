@@ -272,3 +272,33 @@ func TestBatchSubmit(t *testing.T) {
 		}
 	})
 }
+
+// The default configuration refuses none of issue 30's loads, for real on
+// both databases: a sequential loop of single submits as fast as joblib
+// answers, then a fan-out in batches of 1,000: no answer is a 429. How long
+// such loads may go on at what speed (10,000 batched tasks, 5,000+
+// sequential submits, 50,000 pending) is replayed on the limiter's clock
+// and checked against the quota in joblib's
+// TestDefaultLimitsRefuseNoWellBehavedClient: a real run of 50,000 pending
+// tasks takes minutes under -race, too long for the suite.
+func TestDefaultLimitsRealLoad(t *testing.T) {
+	t.Parallel()
+	each(t, func(t *testing.T, e *env) {
+		e.registerJob(e.alice, "room", "modifiers", "Load")
+		job := "room:modifiers:Load"
+		for i := range 300 {
+			if r := e.do(e.bob, "POST", api+"/rooms/room/tasks/"+job, `{"payload": {}}`); r.Status != 202 {
+				t.Fatalf("submit %d: %d %s", i, r.Status, r.Body)
+			}
+		}
+		batch := `{"tasks": [` + strings.TrimSuffix(strings.Repeat(`{"payload": {"f": 1}},`, 1000), ",") + `]}`
+		for i := range 2 {
+			if r := e.do(e.bob, "POST", api+"/rooms/room/tasks/"+job+"/batch", batch); r.Status != 202 {
+				t.Fatalf("batch %d: %d %s", i, r.Status, r.Body)
+			}
+		}
+		if n := e.pendingOf(e.userID("bob")); n != 2_300 {
+			t.Fatalf("%d pending, want 2,300", n)
+		}
+	})
+}
