@@ -37,6 +37,26 @@ type Task struct {
 	CreatedAt   time.Time       `json:"created_at"`
 	StartedAt   *time.Time      `json:"started_at"`
 	CompletedAt *time.Time      `json:"completed_at"`
+	// DeadlineAt is when the server times the task out unless it finishes
+	// (or, under a heartbeat_timeout, reports progress) first; nil: no
+	// limit.
+	DeadlineAt *time.Time `json:"deadline_at,omitempty"`
+
+	// c reports progress for a task handed to a Handler by Run.
+	c *Client
+}
+
+// Progress reports the task's progress (current of total, and a message) to
+// the server, which shows it to the room's UIs and counts the task's
+// heartbeat_timeout again from now. It is sent over Run's open socket, or
+// with PATCH while there is none. Available on the tasks Run hands to a
+// Handler. A task that ended meanwhile (cancelled, timed out) answers a
+// *ProblemError matching ErrConflict.
+func (t Task) Progress(ctx context.Context, current, total float64, msg string) error {
+	if t.c == nil {
+		return errors.New("progress: only a task handed to a Handler by Run can report progress")
+	}
+	return t.c.progress(ctx, t.ID, current, total, msg)
 }
 
 // Job is a registered job.
@@ -106,6 +126,9 @@ type Client struct {
 	socketReports int
 
 	dropNotices bool // tests: ignore task_available, leaving only the polling fallback
+
+	// running: task id -> cancels its handler's context (task_cancelled).
+	running map[string]context.CancelCauseFunc
 
 	// sleep waits between two attempts of a submission (tests record it).
 	sleep func(ctx context.Context, d time.Duration) error

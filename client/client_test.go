@@ -42,7 +42,14 @@ func startServer(t *testing.T, db *models.DB, grace time.Duration) *testServer {
 // down as a SIGTERM would: sockets closed, workers kept in the database.
 func serveOn(t *testing.T, db *models.DB, grace time.Duration, ln net.Listener) (ts *testServer, stop func()) {
 	t.Helper()
-	svc := joblib.New(joblib.Config{DB: db, Bus: events.NewLocalBus(), Settings: joblib.DefaultSettings()})
+	return serveNode(t, db, events.NewLocalBus(), grace, ln, "")
+}
+
+// serveNode is serveOn over a given bus; token, when set, is an existing
+// user's (a second node of the same database), else alice is created.
+func serveNode(t *testing.T, db *models.DB, bus events.Bus, grace time.Duration, ln net.Listener, token string) (ts *testServer, stop func()) {
+	t.Helper()
+	svc := joblib.New(joblib.Config{DB: db, Bus: bus, Settings: joblib.DefaultSettings()})
 	if err := svc.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -69,6 +76,9 @@ func serveOn(t *testing.T, db *models.DB, grace time.Duration, ln net.Listener) 
 		})
 	}
 	t.Cleanup(stop)
+	if token != "" {
+		return &testServer{url: srv.URL, token: token}, stop
+	}
 	tok, _, err := svc.CreateToken(context.Background(), "alice", false)
 	if err != nil {
 		t.Fatal(err)

@@ -12,8 +12,21 @@ import (
 )
 
 // Handler runs one task. Its result is stored with the completion; an error
-// fails the task with the error's text.
+// fails the task with the error's text. Its context is cancelled, with a
+// *CancelledError as the cause (context.Cause), when the server ends the
+// task under it: cancelled by its submitter or an operator, or timed out;
+// nothing is reported for such a task. t.Progress reports progress.
 type Handler func(ctx context.Context, t Task) (result any, err error)
+
+// CancelledError is the cause of a handler's context cancelled because the
+// server ended its task (task_cancelled): Reason says why.
+type CancelledError struct {
+	TaskID, Reason string
+}
+
+func (e *CancelledError) Error() string {
+	return fmt.Sprintf("task %s ended by the server: %s", e.TaskID, e.Reason)
+}
 
 // Run serves the client's jobs and providers until ctx ends. It keeps a
 // Socket.IO connection joined to each job's and provider's room (which
@@ -216,7 +229,25 @@ func (c *Client) process(ctx context.Context, handler Handler, t Task) {
 			return
 		}
 	}
-	res, herr := runHandler(ctx, handler, t)
+	t.c = c
+	hctx, hcancel := context.WithCancelCause(ctx)
+	c.mu.Lock()
+	if c.running == nil {
+		c.running = map[string]context.CancelCauseFunc{}
+	}
+	c.running[t.ID] = hcancel
+	c.mu.Unlock()
+	res, herr := runHandler(hctx, handler, t)
+	c.mu.Lock()
+	delete(c.running, t.ID)
+	c.mu.Unlock()
+	hcancel(nil)
+	var ended *CancelledError
+	if errors.As(context.Cause(hctx), &ended) {
+		// The server ended the task: there is nothing to report.
+		c.log.Info("joblib: the server ended a running task", "task", t.ID, "reason", ended.Reason)
+		return
+	}
 	// The completion is sent even while stopping, so a finished task is not lost.
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
@@ -350,6 +381,8 @@ func (c *Client) joinAll(rs *runState, wid string) (*socket, error) {
 			}
 		case "provider_request":
 			c.onProviderRequest(rs, args)
+		case "task_cancelled":
+			c.onTaskCancelled(args)
 		}
 	})
 	if err != nil {
@@ -406,4 +439,49 @@ func (c *Client) onProviderRequest(rs *runState, args []json.RawMessage) {
 		defer func() { <-rs.slots }()
 		c.answer(rs.ctx, reg, ev)
 	}()
+}
+
+// onTaskCancelled cancels the context of the handler running the task the
+// server ended (cancelled or timed out).
+func (c *Client) onTaskCancelled(args []json.RawMessage) {
+	var ev struct {
+		TaskID string `json:"task_id"`
+		Reason string `json:"reason"`
+	}
+	if len(args) == 0 || json.Unmarshal(args[0], &ev) != nil {
+		return
+	}
+	c.mu.Lock()
+	cancel := c.running[ev.TaskID]
+	c.mu.Unlock()
+	if cancel != nil {
+		cancel(&CancelledError{TaskID: ev.TaskID, Reason: ev.Reason})
+	}
+}
+
+// progress sends a progress report over the open socket (task_progress), or
+// with PATCH while there is none or the socket call fails.
+func (c *Client) progress(ctx context.Context, taskID string, current, total float64, msg string) error {
+	c.mu.Lock()
+	s := c.sock
+	c.mu.Unlock()
+	body := map[string]any{"current": current, "total": total, "message": msg}
+	if s != nil {
+		var ack struct {
+			OK     bool   `json:"ok"`
+			Status int    `json:"status"`
+			Detail string `json:"detail"`
+		}
+		err := s.call(ctx, "task_progress", map[string]any{"task_id": taskID, "current": current, "total": total, "message": msg}, &ack)
+		if err == nil {
+			if !ack.OK {
+				return fmt.Errorf("progress of task %s: %w", taskID, &ProblemError{Status: ack.Status, Detail: ack.Detail})
+			}
+			return nil
+		}
+	}
+	if err := c.do(ctx, http.MethodPatch, "/tasks/"+url.PathEscape(taskID), map[string]any{"progress": body}, nil); err != nil {
+		return fmt.Errorf("progress of task %s: %w", taskID, err)
+	}
+	return nil
 }

@@ -25,6 +25,14 @@ func Decode(name string, payload []byte) (Event, error) {
 		var v TaskStatusEvent
 		err = json.Unmarshal(payload, &v)
 		ev = v
+	case "task_cancelled":
+		var v TaskCancelled
+		err = json.Unmarshal(payload, &v)
+		ev = v
+	case "task_progress_event":
+		var v TaskProgressEvent
+		err = json.Unmarshal(payload, &v)
+		ev = v
 	case "provider_request":
 		var v ProviderRequest
 		err = json.Unmarshal(payload, &v)

@@ -18,6 +18,10 @@ func Room(roomID string) string           { return "room:" + roomID }
 func JobRoom(fullName string) string      { return "jobs:" + fullName }
 func ProviderRoom(fullName string) string { return "providers:" + fullName }
 
+// WorkerRoom is the room of one worker's socket (joined when the socket
+// binds the worker): events meant for the worker holding a task.
+func WorkerRoom(workerID string) string { return "worker:" + workerID }
+
 // JobsInvalidate tells a room's UIs that its job list (or a job's workers) changed.
 type JobsInvalidate struct{}
 
@@ -40,6 +44,26 @@ type TaskStatusEvent struct {
 	QueuePosition *int64  `json:"queue_position"`
 	WorkerID      *string `json:"worker_id"`
 	Error         *string `json:"error"`
+}
+
+// TaskCancelled tells the worker holding a task that the task ended
+// without it: cancelled by its submitter or an operator, or timed out.
+// Reason says which, in words.
+type TaskCancelled struct {
+	TaskID string `json:"task_id"`
+	Reason string `json:"reason"`
+}
+
+// TaskProgressEvent carries a running task's last reported progress to the
+// room it was submitted to (coalesced per task, see the joblib package).
+type TaskProgressEvent struct {
+	ID         string   `json:"id"`
+	RoomID     string   `json:"room_id"`
+	JobName    string   `json:"job_name"`
+	Current    *float64 `json:"current"`
+	Total      *float64 `json:"total"`
+	Message    *string  `json:"message"`
+	ProgressAt Time     `json:"progress_at"`
 }
 
 // ProvidersInvalidate tells a room's UIs that its provider list changed.
@@ -70,6 +94,8 @@ func (ProvidersInvalidate) EventName() string { return "providers_invalidate" }
 func (TasksInvalidate) EventName() string     { return "tasks_invalidate" }
 func (ProviderRequest) EventName() string     { return "provider_request" }
 func (ProviderResultReady) EventName() string { return "provider_result_ready" }
+func (TaskCancelled) EventName() string       { return "task_cancelled" }
+func (TaskProgressEvent) EventName() string   { return "task_progress_event" }
 
 // Terminal reports whether a task status is final.
 func Terminal(status string) bool {

@@ -51,7 +51,7 @@ func startServer(t *testing.T, d models.Dialect, withSweeper bool) serverEnv {
 	sweeps := make(chan string, 1024)
 	if withSweeper {
 		// Its own lock: parallel tests on the shared PostgreSQL each sweep.
-		sw := joblib.NewSweeper(svc, joblib.SweeperConfig{Leader: db.NewSessionLock("sweeper-" + uuid.NewString())})
+		sw := joblib.NewSweeper(svc, joblib.SweeperConfig{Leader: db.NewLeaderLease("sweeper-"+uuid.NewString(), svc.Node().Run, 10*time.Second)})
 		sw.OnSweep(func(ev joblib.SweepEvent) {
 			select {
 			case sweeps <- ev.Outcome:
@@ -195,7 +195,7 @@ func TestPythonWorkerExample(t *testing.T) {
 			}
 
 			st, jobs := e.call(t, "GET", "/rooms/examples/jobs", e.other, nil)
-			if st != 200 || jobs["total"] != float64(2) {
+			if st != 200 || jobs["total"] != float64(3) {
 				t.Fatalf("jobs %d %v", st, jobs)
 			}
 			st, task := e.call(t, "POST", "/rooms/examples/tasks/examples:modifiers:Scale", e.other, map[string]any{"payload": map[string]any{"values": []int{1, 2, 3}, "factor": 2}})
@@ -222,6 +222,38 @@ func TestPythonWorkerExample(t *testing.T) {
 				t.Fatalf("after a failure: %v %s", ok, b)
 			}
 
+			// A long task reports its progress; its submitter cancels it, and
+			// the worker stops its work at once (task_cancelled).
+			_, task = e.call(t, "POST", "/rooms/examples/tasks/examples:modifiers:Sleep", e.other, map[string]any{"payload": map[string]any{"steps": 400, "delay": 0.05}})
+			id = task["id"].(string)
+			for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+				_, cur := e.call(t, "GET", "/tasks/"+id, e.other, nil)
+				if p, _ := cur["progress"].(map[string]any); p != nil && p["total"] == float64(400) && cur["status"] == "running" {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("no progress reported: %v\n%s", cur, stderr)
+				}
+			}
+			sent := time.Now()
+			if st, c := e.call(t, "PATCH", "/tasks/"+id, e.other, map[string]any{"status": "cancelled"}); st != 200 || c["status"] != "cancelled" {
+				t.Fatalf("cancel %d %v", st, c)
+			}
+			if why := expectLine(t, lines, "cancelled "+id, stderr); !strings.HasPrefix(why, "cancelled by ") || time.Since(sent) > 5*time.Second {
+				t.Fatalf("the worker stopped after %s: %q", time.Since(sent), why)
+			}
+			// A task past its own timeout: the worker stops, told by the
+			// sweeper's task_cancelled or by the refusal of its next progress
+			// report, whichever comes first; the sweeper fails the task.
+			_, task = e.call(t, "POST", "/rooms/examples/tasks/examples:modifiers:Sleep", e.other, map[string]any{"payload": map[string]any{"steps": 400, "delay": 0.05}, "timeout": 1})
+			id = task["id"].(string)
+			if why := expectLine(t, lines, "cancelled "+id, stderr); why != "Task timed out: task_timeout of 1s passed since the claim" && !strings.Contains(why, "past its deadline") {
+				t.Fatalf("timed-out task: the worker says %q", why)
+			}
+			if _, tk := e.call(t, "GET", "/tasks/"+id, e.other, nil, "Prefer: wait=10"); tk["status"] != "failed" || tk["task_timeout"] != float64(1) {
+				t.Fatalf("timed-out task %v", tk)
+			}
+
 			if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 				t.Fatal(err)
 			}
@@ -246,11 +278,16 @@ func TestGoWorkerExample(t *testing.T) {
 	if out, err := exec.Command("go", "build", "-o", bin, "./go-worker").CombinedOutput(); err != nil {
 		t.Fatalf("build go-worker: %v\n%s", err, out)
 	}
+	// Without configuration it talks to the server's default address.
+	help, _ := exec.Command(bin, "-h").CombinedOutput()
+	if !strings.Contains(string(help), `(default "http://localhost:8080")`) {
+		t.Fatalf("go-worker -h:\n%s", help)
+	}
 	for _, d := range dbtest.Dialects {
 		t.Run(string(d), func(t *testing.T) {
 			t.Parallel()
 			e := startServer(t, d, true)
-			cmd, lines, stderr := process(t, bin, []string{"JOBLIB_URL=" + e.url, "JOBLIB_TOKEN=" + e.worker}, "-room", "gosdk")
+			cmd, lines, stderr := process(t, bin, []string{"JOBLIB_CLIENT_URL=" + e.url, "JOBLIB_CLIENT_TOKEN=" + e.worker}, "-room", "gosdk")
 			wid := expectLine(t, lines, "ready ", stderr)
 			acting := time.Time{}
 			deadline := time.After(30 * time.Second)

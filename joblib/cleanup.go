@@ -215,6 +215,9 @@ type SweepParams struct {
 	// the plan is written to the audit trail as shadow rows.
 	Cap          bool
 	RecordShadow bool
+	// Leader fences every statement to the sweeper leadership held with
+	// this epoch (zero: unfenced, for operators).
+	Leader LeaderFence
 }
 
 // SweepReport is what one sweep did, or would do.
@@ -235,7 +238,10 @@ type SweepReport struct {
 	// StuckInternal are the @internal tasks failed (or that would be) for
 	// running longer than Settings.InternalTaskTimeout.
 	StuckInternal []Task
-	Took          time.Duration
+	// TimedOut are the tasks failed or requeued for passing their
+	// deadline (task_timeout or heartbeat_timeout).
+	TimedOut []TimedOutTask
+	Took     time.Duration
 }
 
 // sweepLanes is how many batch transactions a sweep runs at once. Two keep
@@ -251,7 +257,8 @@ var errRollback = errors.New("dry run: roll back")
 // transaction each, sweepLanes at a time, rows skipped while another
 // transaction holds them), then
 // fails @internal tasks stuck past Settings.InternalTaskTimeout (contract
-// §6.5). Each batch's events are published after its commit.
+// §6.5), then times out tasks past their deadline (TimeOutTasks). Each
+// batch's events are published after its commit.
 func (s *Service) Sweep(ctx context.Context, p SweepParams) (SweepReport, error) {
 	st := s.Settings()
 	start := time.Now()
@@ -259,7 +266,7 @@ func (s *Service) Sweep(ctx context.Context, p SweepParams) (SweepReport, error)
 	if rep.Threshold <= 0 {
 		rep.Threshold = st.WorkerTimeout
 	}
-	fence := models.CleanupFence{StaleAfter: rep.Threshold, SkipLocked: true}
+	fence := models.CleanupFence{StaleAfter: rep.Threshold, SkipLocked: true, Leader: p.Leader}
 	params := CleanupParams{Path: rep.Path, Fence: fence, SweepID: &rep.SweepID}
 
 	// One read says whether there is anything to do: an idle sweep ends
@@ -268,7 +275,7 @@ func (s *Service) Sweep(ctx context.Context, p SweepParams) (SweepReport, error)
 	if err != nil {
 		return rep, err
 	}
-	if !probe.Stale && !probe.Stuck {
+	if !probe.Stale && !probe.Stuck && !probe.TimedOut {
 		rep.Took = time.Since(start)
 		return rep, nil
 	}
@@ -325,8 +332,16 @@ func (s *Service) Sweep(ctx context.Context, p SweepParams) (SweepReport, error)
 	}
 	s.observe(rep.Path, rep.Result)
 	if probe.Stuck {
-		stuck, err := s.failStuckInternal(ctx, st.InternalTaskTimeout)
+		stuck, err := s.failStuckInternal(ctx, st.InternalTaskTimeout, p.Leader)
 		rep.StuckInternal = stuck
+		if err != nil {
+			rep.Took = time.Since(start)
+			return rep, err
+		}
+	}
+	if probe.TimedOut {
+		timedOut, err := s.TimeOutTasks(ctx, &rep.SweepID, p.Leader)
+		rep.TimedOut = timedOut
 		if err != nil {
 			rep.Took = time.Since(start)
 			return rep, err
@@ -354,7 +369,7 @@ func (s *Service) planSweep(ctx context.Context, fence models.CleanupFence, st S
 				break
 			}
 		}
-		ts, err := q.FailStuckInternalTasks(st.InternalTaskTimeout, ErrInternalTimeout)
+		ts, err := q.FailStuckInternalTasks(st.InternalTaskTimeout, ErrInternalTimeout, fence.Leader)
 		if err != nil {
 			return err
 		}
@@ -384,11 +399,11 @@ func (s *Service) planSweep(ctx context.Context, fence models.CleanupFence, st S
 
 // failStuckInternal fails @internal tasks claimed or running for longer than
 // timeout (contract §6.5) and publishes their status events.
-func (s *Service) failStuckInternal(ctx context.Context, timeout time.Duration) ([]Task, error) {
+func (s *Service) failStuckInternal(ctx context.Context, timeout time.Duration, lead LeaderFence) ([]Task, error) {
 	var out []Task
 	err := s.mutate(ctx, func(q *models.Q, em *events.Set) error {
 		out = nil
-		ts, err := q.FailStuckInternalTasks(timeout, ErrInternalTimeout)
+		ts, err := q.FailStuckInternalTasks(timeout, ErrInternalTimeout, lead)
 		if err != nil {
 			return err
 		}
@@ -406,15 +421,16 @@ func (s *Service) failStuckInternal(ctx context.Context, timeout time.Duration) 
 }
 
 // PurgeAudit deletes audit rows older than Settings.AuditRetention (none when
-// it is 0), in bounded batches, and returns how many.
-func (s *Service) PurgeAudit(ctx context.Context) (int64, error) {
+// it is 0), in bounded batches, and returns how many; lead fences it to the
+// sweeper leader.
+func (s *Service) PurgeAudit(ctx context.Context, lead LeaderFence) (int64, error) {
 	ret := s.Settings().AuditRetention
 	if ret <= 0 {
 		return 0, nil
 	}
 	var total int64
 	for {
-		n, err := s.db.Q(ctx).PurgeAudit(ret, 10000)
+		n, err := s.db.Q(ctx).PurgeAudit(ret, 10000, lead)
 		total += n
 		if err != nil || n < 10000 {
 			return total, err

@@ -44,6 +44,27 @@ type Dashboard struct {
 	FalsePositives []DashCleanup    `json:"false_positives"`
 	CleanupCounts  map[string]int64 `json:"cleanup_counts"`
 	Nodes          []DashNode       `json:"nodes"`
+	// Timeouts are the latest tasks the sweeper timed out, with the
+	// evidence (newest first, at most DashCleanups).
+	Timeouts []DashTimeout `json:"timeouts"`
+}
+
+// DashTimeout is one task the sweeper timed out, with its evidence: the
+// limit it passed, its claim, its last progress, its deadline and the
+// database's clock at the decision (all database time).
+type DashTimeout struct {
+	TaskID     uuid.UUID   `json:"task_id"`
+	Job        string      `json:"job"`
+	RoomID     string      `json:"room_id"`
+	WorkerID   *uuid.UUID  `json:"worker_id"`
+	Limit      string      `json:"limit"`
+	Seconds    int         `json:"seconds"`
+	Outcome    string      `json:"outcome"`
+	Attempt    int         `json:"attempt"`
+	ClaimedAt  events.Time `json:"claimed_at"`
+	ProgressAt events.Time `json:"progress_at"`
+	DeadlineAt events.Time `json:"deadline_at"`
+	DBNow      events.Time `json:"db_now"`
 }
 
 // DashSettings are the thresholds the page shows next to the evidence.
@@ -261,6 +282,9 @@ func (s *Service) Dashboard(ctx context.Context) (Dashboard, error) {
 		for _, pc := range pcs {
 			d.CleanupCounts[pc.Path] = pc.N
 		}
+		if d.Timeouts, err = dashTimeouts(q); err != nil {
+			return err
+		}
 		ns, err := q.ListNodes()
 		if err != nil {
 			return err
@@ -294,6 +318,26 @@ func dashTasks(q *models.Q, status string, limit int) ([]Task, error) {
 	return out, nil
 }
 
+// dashTimeouts reads the latest timeouts from their audit rows.
+func dashTimeouts(q *models.Q) ([]DashTimeout, error) {
+	es, err := q.ListAuditLog(AuditTaskTimeout, DashCleanups)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]DashTimeout, 0, len(es))
+	for _, e := range es {
+		var v DashTimeout // the audit detail has the same fields
+		if err := json.Unmarshal([]byte(e.Detail), &v); err != nil {
+			return nil, fmt.Errorf("read timeout audit %s: %w", e.ID, err)
+		}
+		if e.SubjectID != nil {
+			v.TaskID = *e.SubjectID
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
 func dashCleanups(cs []models.DashCleanup) []DashCleanup {
 	out := make([]DashCleanup, len(cs))
 	for i, c := range cs {
@@ -319,7 +363,7 @@ func deref(s *string) string {
 
 // Audit actions of the dashboard's operator actions (besides AuditTaskRetry).
 const (
-	// AuditTaskCancel: an operator cancelled a pending task.
+	// AuditTaskCancel: an operator cancelled a task.
 	AuditTaskCancel = "task_cancel"
 	// AuditWorkerOperatorDelete: an operator deleted a worker (dashboard).
 	AuditWorkerOperatorDelete = "worker_delete"
@@ -328,22 +372,24 @@ const (
 // ErrCancelledByOperator is the error recorded on a task an operator cancelled.
 const ErrCancelledByOperator = "Cancelled by an operator"
 
-// CancelTask cancels a pending task (an operator action): it becomes
-// cancelled with an error naming the operator's action, an audit_log row
-// names the actor, and the task's status event is published. Only pending
-// tasks are cancelled here: a claimed or running one belongs to its worker.
+// CancelTask cancels a pending, claimed or running task (an operator
+// action): it becomes cancelled with an error naming the operator's action,
+// an audit_log row names the actor, the task's status event is published,
+// and the worker holding it gets task_cancelled on its socket, on whichever
+// node it is.
 func (s *Service) CancelTask(ctx context.Context, id uuid.UUID, actor string) (Task, error) {
+	s.progress.flush(id) // its last progress goes before its end
 	var out Task
 	err := s.mutate(ctx, func(q *models.Q, em *events.Set) error {
 		t, err := q.GetTask(id)
 		if err != nil {
 			return notFound(err, errf(CodeTaskNotFound, "Task '%s' not found", id))
 		}
-		if t.Status != models.StatusPending {
-			return errf(CodeInvalidTaskTransition, "Cannot cancel a task in status '%s': only pending tasks are cancelled here", t.Status)
+		if !allowed(t.Status, models.StatusCancelled) {
+			return errf(CodeInvalidTaskTransition, "Cannot cancel a task in status '%s'", t.Status)
 		}
 		msg := ErrCancelledByOperator
-		ok, err := q.TransitionTask(id, models.StatusPending, models.StatusCancelled, nil, &msg)
+		ok, err := q.TransitionTask(id, t.Status, models.StatusCancelled, nil, &msg)
 		if err != nil {
 			return err
 		}
@@ -353,12 +399,14 @@ func (s *Service) CancelTask(ctx context.Context, id uuid.UUID, actor string) (T
 		if err := audit(q, AuditTaskCancel, &id, actor, map[string]any{"from": t.Status, "job": t.JobFullName(), "room_id": t.RoomID}); err != nil {
 			return err
 		}
-		orphans, err := q.SoftDeleteOrphanJobs([]uuid.UUID{t.JobID})
-		if err != nil {
-			return err
-		}
-		for _, j := range orphans {
-			em.Add(events.Room(j.RoomID), events.JobsInvalidate{})
+		if t.WorkerID == nil {
+			orphans, err := q.SoftDeleteOrphanJobs([]uuid.UUID{t.JobID})
+			if err != nil {
+				return err
+			}
+			for _, j := range orphans {
+				em.Add(events.Room(j.RoomID), events.JobsInvalidate{})
+			}
 		}
 		nt, err := q.GetTask(id)
 		if err != nil {
@@ -366,6 +414,9 @@ func (s *Service) CancelTask(ctx context.Context, id uuid.UUID, actor string) (T
 		}
 		out = taskView(nt)
 		em.Add(events.Room(out.RoomID), statusEvent(out))
+		if t.WorkerID != nil {
+			em.Add(events.WorkerRoom(t.WorkerID.String()), events.TaskCancelled{TaskID: id.String(), Reason: ErrCancelledByOperator})
+		}
 		return nil
 	})
 	return out, err

@@ -32,6 +32,13 @@ const (
 	// CodeStatementTimeout: the request's database work ran past its time
 	// budget and was cancelled (503 with Retry-After).
 	CodeStatementTimeout Code = "statement-timeout"
+	// CodeDatabaseUnavailable: the database connection was lost under the
+	// request (a terminated backend, a restart); nothing it began was
+	// committed unless a commit's answer was lost (503 with Retry-After).
+	CodeDatabaseUnavailable Code = "database-unavailable"
+	// CodeStorageFull: the database could not write for lack of space;
+	// nothing of the request was committed (503 with Retry-After).
+	CodeStorageFull Code = "storage-full"
 	// CodePolicyConflict: a job's worker-loss policy differs from the one its
 	// creator set, and the caller may not change it.
 	CodePolicyConflict Code = "policy-conflict"

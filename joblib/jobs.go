@@ -2,9 +2,11 @@ package joblib
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
+	"strconv"
 
 	"github.com/google/uuid"
 	"github.com/zndraw/joblib/events"
@@ -35,6 +37,68 @@ type RegisterJobParams struct {
 	OnWorkerLoss string
 	// MaxAttempts bounds claims under the requeue policy (0: default).
 	MaxAttempts int
+	// TaskTimeout and HeartbeatTimeout are the job's task limits in
+	// seconds (positive; nil keeps a live job's, new jobs get none): a task
+	// is stuck TaskTimeout after its claim, or HeartbeatTimeout after the
+	// later of its claim and its last progress report.
+	TaskTimeout      *int
+	HeartbeatTimeout *int
+	// OnTimeout is what a stuck task becomes: "fail" or "requeue" (while
+	// MaxAttempts allows); empty keeps a live job's (new jobs: "fail").
+	OnTimeout string
+}
+
+// Timeout policies of a job: what the sweeper does with a task past its
+// deadline.
+const (
+	// OnTimeoutFail fails it with an error naming the limit (the default).
+	OnTimeoutFail = "fail"
+	// OnTimeoutRequeue puts it back to pending while the job's
+	// max_attempts allows, then fails it.
+	OnTimeoutRequeue = "requeue"
+)
+
+// MaxTimeoutSeconds is the largest task limit a job or a submission may set
+// (a year).
+const MaxTimeoutSeconds = 365 * 24 * 3600
+
+// checkTimeout validates a limit in seconds (nil: none given).
+func checkTimeout(field string, v *int) error {
+	if v != nil && (*v < 1 || *v > MaxTimeoutSeconds) {
+		return errf(CodeValidation, "%s must be a whole number of seconds between 1 and %d", field, MaxTimeoutSeconds)
+	}
+	return nil
+}
+
+// timeoutPolicy validates the limits and policy of a registration.
+func timeoutPolicy(r RegisterJobParams) error {
+	if err := checkTimeout("task_timeout", r.TaskTimeout); err != nil {
+		return err
+	}
+	if err := checkTimeout("heartbeat_timeout", r.HeartbeatTimeout); err != nil {
+		return err
+	}
+	switch r.OnTimeout {
+	case "", OnTimeoutFail, OnTimeoutRequeue:
+		return nil
+	}
+	return errf(CodeValidation, "on_timeout must be 'fail' or 'requeue', got '%s'", r.OnTimeout)
+}
+
+// timeoutsChange applies the limits a registration names to a live job's
+// and reports whether they differ.
+func timeoutsChange(j *models.Job, r RegisterJobParams) bool {
+	changed := false
+	if r.TaskTimeout != nil && (j.TaskTimeout == nil || *j.TaskTimeout != *r.TaskTimeout) {
+		j.TaskTimeout, changed = r.TaskTimeout, true
+	}
+	if r.HeartbeatTimeout != nil && (j.HeartbeatTimeout == nil || *j.HeartbeatTimeout != *r.HeartbeatTimeout) {
+		j.HeartbeatTimeout, changed = r.HeartbeatTimeout, true
+	}
+	if r.OnTimeout != "" && r.OnTimeout != cmp.Or(j.OnTimeout, OnTimeoutFail) {
+		j.OnTimeout, changed = r.OnTimeout, true
+	}
+	return changed
 }
 
 // RegisterJob registers (or re-registers) a job in a room and links a worker
@@ -63,6 +127,9 @@ func (s *Service) RegisterJob(ctx context.Context, p Principal, room string, r R
 	if err != nil {
 		return Job{}, false, err
 	}
+	if err := timeoutPolicy(r); err != nil {
+		return Job{}, false, err
+	}
 	schema, err := canonicalObject(r.Schema)
 	if err != nil {
 		return Job{}, false, err
@@ -82,7 +149,8 @@ func (s *Service) RegisterJob(ctx context.Context, p Principal, room string, r R
 		}
 		creator := p.ID
 		row := models.Job{ID: uuid.New(), RoomID: room, Category: r.Category, Name: r.Name, Schema: schema,
-			OnWorkerLoss: policy, MaxAttempts: attempts, CreatedByID: &creator}
+			OnWorkerLoss: policy, MaxAttempts: attempts, CreatedByID: &creator,
+			TaskTimeout: r.TaskTimeout, HeartbeatTimeout: r.HeartbeatTimeout, OnTimeout: cmp.Or(r.OnTimeout, OnTimeoutFail)}
 		inserted, err := q.InsertJobIfAbsent(row)
 		if err != nil {
 			return err
@@ -98,10 +166,11 @@ func (s *Service) RegisterJob(ctx context.Context, p Principal, room string, r R
 		case inserted:
 			created = true
 		case j.Deleted:
-			if created, err = q.ReactivateJob(j.ID, schema, policy, attempts, &creator); err != nil {
+			if created, err = q.ReactivateJob(j.ID, schema, row, &creator); err != nil {
 				return err
 			}
 			j.Schema, j.Deleted, j.OnWorkerLoss, j.MaxAttempts, j.CreatedByID = schema, false, policy, attempts, &creator
+			j.TaskTimeout, j.HeartbeatTimeout, j.OnTimeout = row.TaskTimeout, row.HeartbeatTimeout, row.OnTimeout
 		default:
 			same, err := sameJSON(j.Schema, schema)
 			if err != nil {
@@ -128,6 +197,24 @@ func (s *Service) RegisterJob(ctx context.Context, p Principal, room string, r R
 					return err
 				}
 				j.OnWorkerLoss, j.MaxAttempts = policy, attempts
+			}
+			before := j
+			if timeoutsChange(&j, r) {
+				// The limits are the creator's too, as the worker-loss policy.
+				if !p.Superuser && (j.CreatedByID == nil || *j.CreatedByID != p.ID) {
+					return errf(CodePolicyConflict, "Timeout policy mismatch for job '%s': it is task_timeout %s, heartbeat_timeout %s, on_timeout '%s', set by the job's creator",
+						j.FullName(), secondsText(before.TaskTimeout), secondsText(before.HeartbeatTimeout), cmp.Or(before.OnTimeout, OnTimeoutFail))
+				}
+				if err := q.SetJobTimeouts(j.ID, j.TaskTimeout, j.HeartbeatTimeout, j.OnTimeout); err != nil {
+					return err
+				}
+				if err := audit(q, AuditJobPolicy, &j.ID, "user:"+p.Name, map[string]any{
+					"job": j.FullName(), "user_id": p.ID, "superuser": p.Superuser,
+					"from": map[string]any{"task_timeout": before.TaskTimeout, "heartbeat_timeout": before.HeartbeatTimeout, "on_timeout": before.OnTimeout},
+					"to":   map[string]any{"task_timeout": j.TaskTimeout, "heartbeat_timeout": j.HeartbeatTimeout, "on_timeout": j.OnTimeout},
+				}); err != nil {
+					return err
+				}
 			}
 		}
 		if werr != nil {
@@ -331,4 +418,12 @@ func pyNumber(v any) (float64, bool) {
 		return 0, true
 	}
 	return 0, false
+}
+
+// secondsText names a limit in seconds for a message ("none" when unset).
+func secondsText(v *int) string {
+	if v == nil {
+		return "none"
+	}
+	return strconv.Itoa(*v) + "s"
 }

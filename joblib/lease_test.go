@@ -1,6 +1,11 @@
 package joblib_test
 
 import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -35,21 +40,21 @@ func TestReapLostNodes(t *testing.T) {
 		b.must(err)
 
 		// A live lease is never reaped.
-		res, err := b.svc.ReapLostNodes(b.ctx, 0)
+		res, err := b.svc.ReapLostNodes(b.ctx, 0, joblib.LeaderFence{})
 		b.must(err)
 		if len(res.Nodes) != 0 || res.Result.Cleaned != 0 {
 			t.Fatalf("reaped live nodes: %+v", res)
 		}
 		b.must(q.ExpireNodeLease("dead-run"))
 		// Inside the grace window nothing happens yet.
-		res, err = b.svc.ReapLostNodes(b.ctx, time.Hour)
+		res, err = b.svc.ReapLostNodes(b.ctx, time.Hour, joblib.LeaderFence{})
 		b.must(err)
 		if len(res.Nodes) != 0 || res.Result.Cleaned != 0 {
 			t.Fatalf("reaped within the grace window: %+v", res)
 		}
 		time.Sleep(5 * time.Millisecond) // the database clock moves past expires_at
 		b.rec.take()
-		res, err = b.svc.ReapLostNodes(b.ctx, 0)
+		res, err = b.svc.ReapLostNodes(b.ctx, 0, joblib.LeaderFence{})
 		b.must(err)
 		if len(res.Nodes) != 1 || res.Nodes[0].Run != "dead-run" || res.Result.Cleaned != 1 || res.Result.Workers[0].ID != lost {
 			t.Fatalf("reap: %+v", res)
@@ -74,7 +79,7 @@ func TestReapLostNodes(t *testing.T) {
 			t.Fatalf("nodes after the reap: %+v", nodes)
 		}
 		// Nothing left to do: a second pass is a no-op.
-		res, err = b.svc.ReapLostNodes(b.ctx, 0)
+		res, err = b.svc.ReapLostNodes(b.ctx, 0, joblib.LeaderFence{})
 		b.must(err)
 		if len(res.Nodes) != 0 || res.Result.Cleaned != 0 {
 			t.Fatalf("second pass: %+v", res)
@@ -168,4 +173,71 @@ func TestLeaseServiceRenewsAndNoticesLoss(t *testing.T) {
 			t.Fatal("lease still live after Stop")
 		}
 	})
+}
+
+// A clean stop ends the lease at INFO, and the release of its sockets that
+// follows is not reported as a lost node; a lease left to lapse is.
+func TestCleanStopIsNotALostNode(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		var logs syncBuf
+		log := slog.New(slog.NewJSONHandler(&logs, nil))
+		svc := joblib.New(joblib.Config{DB: db, Logger: log, Node: joblib.Node{ID: "node-s", Run: uuid.NewString()}})
+		t.Cleanup(svc.Close)
+		ctx := context.Background()
+		l := svc.NewLease(joblib.LeaseConfig{Timeout: time.Minute})
+		if err := l.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		l.Stop()
+		if err := db.Q(ctx).AcquireNodeLease("crashed-run", "node-c", "", time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Millisecond) // the database clock moves past both leases
+		res, err := svc.ReapLostNodes(ctx, 0, joblib.LeaderFence{})
+		if err != nil || len(res.Nodes) != 2 {
+			t.Fatalf("reap: %+v %v", res, err)
+		}
+		levels := map[string]string{} // run -> level of its reap line
+		ended := ""
+		for _, line := range strings.Split(logs.String(), "\n") {
+			var m map[string]any
+			if json.Unmarshal([]byte(line), &m) != nil {
+				continue
+			}
+			msg, _ := m["msg"].(string)
+			switch {
+			case strings.HasPrefix(msg, "node lease ended"):
+				ended, _ = m["level"].(string)
+			case strings.HasPrefix(msg, "node lost"), strings.HasPrefix(msg, "node stopped cleanly"):
+				levels[m["run"].(string)] = m["level"].(string) + " " + msg
+			}
+		}
+		if ended != "INFO" {
+			t.Errorf("clean stop logged its lease end at %q, want INFO:\n%s", ended, logs.String())
+		}
+		if got := levels[svc.Node().Run]; got != "INFO node stopped cleanly: released its sockets" {
+			t.Errorf("reap of the cleanly stopped node: %q", got)
+		}
+		if got := levels["crashed-run"]; !strings.HasPrefix(got, "WARN node lost") {
+			t.Errorf("reap of the crashed node: %q", got)
+		}
+	})
+}
+
+type syncBuf struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

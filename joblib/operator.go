@@ -3,6 +3,7 @@ package joblib
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -126,4 +127,89 @@ func (s *Service) RetryTask(ctx context.Context, id uuid.UUID, actor string) (Ta
 		return nil
 	})
 	return out, err
+}
+
+// AuditActions lists every audit_log action, for `joblib audit list --action`.
+var AuditActions = []string{AuditTaskRetry, AuditTaskCancel, AuditWorkerOperatorDelete, AuditTokenCreate, AuditTokenRevoke,
+	AuditJobPolicy, AuditTaskStatus, AuditWorkerDelete, AuditProviderDelete}
+
+// CheckSweepThreshold refuses an operator sweep threshold below twice the
+// socket keep-alive interval: a node refreshes the heartbeats of its
+// socket-bound workers only that often, so such a sweep would reap live
+// workers. keepAlive 0 (no sockets) checks nothing.
+func CheckSweepThreshold(threshold, keepAlive time.Duration) error {
+	if keepAlive > 0 && threshold < 2*keepAlive {
+		return errf(CodeValidation, "threshold %s is below twice the socket keep-alive interval (%s): the servers refresh the heartbeats of socket-bound workers only every %s, so live workers would be swept; use at least %s",
+			threshold, keepAlive, keepAlive, 2*keepAlive)
+	}
+	return nil
+}
+
+// OperatorUserPrefix starts the names of the superusers the CLI acts as when
+// it sends an operator command to a running server ("cli:" + the operator's
+// name): the server records their actions under that name.
+const OperatorUserPrefix = "cli:"
+
+// operatorTokenName marks the short-lived tokens of IssueOperatorToken.
+const operatorTokenName = "operator-command"
+
+// IssueOperatorToken issues a token that expires after ttl for the superuser
+// OperatorUserPrefix+operator (created if new), with which the CLI sends one
+// operator command to a running server. Whoever can write the database can
+// already do everything a superuser can; the token is not audited (the
+// action it carries is) and RevokeOperatorToken ends it after use.
+func (s *Service) IssueOperatorToken(ctx context.Context, operator string, ttl time.Duration) (string, uuid.UUID, error) {
+	token := newToken()
+	var id uuid.UUID
+	err := s.db.Tx(ctx, func(q *models.Q) error {
+		name := OperatorUserPrefix + operator
+		u, err := q.UserByName(name)
+		switch {
+		case errors.Is(err, models.ErrNotFound):
+			u, err = q.CreateUser(name, true)
+		case err == nil && !u.IsSuperuser:
+			err = q.SetSuperuser(u.ID, true)
+		}
+		if err != nil {
+			return err
+		}
+		now, err := q.DBNow()
+		if err != nil {
+			return err
+		}
+		id, err = q.CreateAPIToken(u.ID, operatorTokenName, HashToken(token), models.Time{Time: now.Add(ttl)})
+		return err
+	})
+	if err != nil {
+		return "", uuid.Nil, fmt.Errorf("issue operator token: %w", err)
+	}
+	return token, id, nil
+}
+
+// RevokeOperatorToken ends a token of IssueOperatorToken.
+func (s *Service) RevokeOperatorToken(ctx context.Context, id uuid.UUID) error {
+	_, err := s.db.Q(ctx).RevokeAPITokens([]uuid.UUID{id})
+	return err
+}
+
+// UserNames returns the names of the users with these ids ("-" for one that
+// no longer exists).
+func (s *Service) UserNames(ctx context.Context, ids []uuid.UUID) (map[uuid.UUID]string, error) {
+	q := s.db.Q(ctx)
+	out := make(map[uuid.UUID]string, len(ids))
+	for _, id := range ids {
+		if _, ok := out[id]; ok {
+			continue
+		}
+		u, err := q.UserByID(id)
+		switch {
+		case err == nil:
+			out[id] = u.Name
+		case errors.Is(err, models.ErrNotFound):
+			out[id] = "-"
+		default:
+			return nil, err
+		}
+	}
+	return out, nil
 }

@@ -3,6 +3,7 @@ package joblib
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -46,11 +47,33 @@ func (s *Service) CheckProvider(ctx context.Context, p Principal, fullName strin
 }
 
 // KeepAlive refreshes the heartbeat of workers whose sockets are open on this
-// node, in one statement, with the database's clock.
-func (s *Service) KeepAlive(ctx context.Context, ids []uuid.UUID) (int64, error) {
+// node, in one statement, with the database's clock. It returns the ids that
+// are no workers any more: another node or process removed them (an
+// operator, the sweeper), and their sockets should be closed. It refreshes
+// nothing while this node's lease is not known valid (after a stall, until a
+// renewal has asked the database), and the statement itself is fenced by
+// the lease: a node whose lease lapsed keeps nobody alive.
+func (s *Service) KeepAlive(ctx context.Context, ids []uuid.UUID) ([]uuid.UUID, error) {
+	if !s.NodeLeaseValid() {
+		return nil, nil
+	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	return s.db.Q(ctx).TouchWorkers(ids)
+	n, err := s.db.Q(ctx).TouchWorkers(ids, s.node.Run)
+	if err != nil || n >= int64(len(ids)) {
+		return nil, err
+	}
+	live, err := s.db.Q(ctx).ExistingWorkers(ids)
+	if err != nil {
+		return nil, err
+	}
+	var gone []uuid.UUID
+	for _, id := range ids {
+		if !slices.Contains(live, id) {
+			gone = append(gone, id)
+		}
+	}
+	return gone, nil
 }
 
 // DisconnectCleanup are the parameters of the disconnect path for a socket

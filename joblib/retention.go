@@ -55,8 +55,14 @@ func (st Settings) taskRetention() []struct {
 // Settings.TaskRetentionBatch, each its own short transaction. Pending,
 // claimed and running tasks are never deleted. A removed task answers 404
 // like an unknown one; no long-poll waits on it, since a long-poll only
-// waits while its task is not terminal. With dryRun it only counts.
+// waits while its task is not terminal. With dryRun it only counts. It is
+// the operator's command (unfenced); the sweeper's retention step is fenced
+// by its leadership.
 func (s *Service) PruneTasks(ctx context.Context, dryRun bool) (PruneReport, error) {
+	return s.prune(ctx, dryRun, LeaderFence{})
+}
+
+func (s *Service) prune(ctx context.Context, dryRun bool, lead LeaderFence) (PruneReport, error) {
 	start := time.Now()
 	st := s.Settings()
 	rep := PruneReport{Deleted: map[string]int64{}}
@@ -78,7 +84,7 @@ func (s *Service) PruneTasks(ctx context.Context, dryRun bool) (PruneReport, err
 				rep.More = true
 				break
 			}
-			n, err := q.PruneTasks(r.status, r.keep, st.TaskRetentionBatch)
+			n, err := q.PruneTasks(r.status, r.keep, st.TaskRetentionBatch, lead)
 			rep.Batches++
 			if n > 0 {
 				rep.Deleted[r.status] += n
@@ -129,7 +135,7 @@ func (sw *Sweeper) pruneTasks(ctx context.Context) {
 	if st.TaskRetentionCompleted <= 0 && st.TaskRetentionFailed <= 0 {
 		return
 	}
-	rep, err := sw.svc.PruneTasks(ctx, false)
+	rep, err := sw.svc.prune(ctx, false, sw.fence)
 	if err != nil {
 		if ctx.Err() == nil {
 			sw.log.Error("task retention failed; retrying next interval", "err", err, "deleted", rep.Total())

@@ -194,12 +194,12 @@ func TestPruneTasksBatchesAreBounded(t *testing.T) {
 			b.ageTasks(time.Duration(10-i)*time.Hour, id) // ids[0] oldest
 			ids = append(ids, id)
 		}
-		n, err := db.Q(b.ctx).PruneTasks(models.StatusCompleted, time.Hour, 2)
+		n, err := db.Q(b.ctx).PruneTasks(models.StatusCompleted, time.Hour, 2, models.LeaderFence{})
 		b.must(err)
 		if n != 2 || b.exists(ids[0]) || b.exists(ids[1]) || !b.exists(ids[2]) {
 			t.Fatalf("one batch of 2 deleted %d; the oldest two gone: %v %v", n, !b.exists(ids[0]), !b.exists(ids[1]))
 		}
-		if _, err := db.Q(b.ctx).PruneTasks(models.StatusPending, time.Hour, 2); err == nil {
+		if _, err := db.Q(b.ctx).PruneTasks(models.StatusPending, time.Hour, 2, models.LeaderFence{}); err == nil {
 			t.Fatal("pruning pending tasks was accepted")
 		}
 		left := slices.DeleteFunc(slices.Clone(ids), func(id uuid.UUID) bool { return !b.exists(id) })

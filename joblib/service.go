@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 
 	"github.com/google/uuid"
 	"github.com/zndraw/joblib/events"
@@ -32,8 +33,10 @@ type Service struct {
 	relay     *relay
 	cache     ResultCache
 	rates     rateLimits
+	progress  *progressCoalescer
 
 	node        Node
+	lease       atomic.Pointer[Lease] // this node's lease, once NewLease made it
 	fpObservers []func(FalsePositive)
 	pruneObs    []func(status string, n int64)
 
@@ -72,6 +75,7 @@ func New(cfg Config) *Service {
 	cfg.Settings.NodeLeaseTimeout = cmp.Or(cfg.Settings.NodeLeaseTimeout, def.NodeLeaseTimeout)
 	cfg.Settings.MaxSubmitBatch = cmp.Or(cfg.Settings.MaxSubmitBatch, def.MaxSubmitBatch)
 	cfg.Settings.IdempotencyWindow = cmp.Or(cfg.Settings.IdempotencyWindow, def.IdempotencyWindow)
+	cfg.Settings.TaskProgressRate = cmp.Or(cfg.Settings.TaskProgressRate, def.TaskProgressRate)
 	if cfg.ResultCache == nil {
 		cfg.ResultCache = DefaultResultCache(cfg.DB, cfg.Logger, cfg.Settings.ResultCacheBudget())
 	}
@@ -86,6 +90,7 @@ func New(cfg Config) *Service {
 		cache:    cfg.ResultCache,
 		rates:    newRateLimits(cfg.Settings),
 	}
+	s.progress = newProgressCoalescer(s.publishNow, func() float64 { return s.Settings().TaskProgressRate })
 	s.runner = newInternalRunner(s)
 	s.relay = newRelay(s)
 	s.node = cfg.Node

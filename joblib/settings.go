@@ -79,6 +79,10 @@ type Settings struct {
 	// completion (PATCH /tasks/{id}); a larger one answers 413 and changes
 	// nothing.
 	TaskMaxResultBytes int64 `env:"TASK_MAX_RESULT_BYTES" envDefault:"1048576"`
+	// TaskProgressRate is how many task_progress_event per second one task
+	// sends its room at most (per node); reports in between are coalesced,
+	// the latest value kept.
+	TaskProgressRate float64 `env:"TASK_PROGRESS_RATE" envDefault:"4"`
 	// InternalWorkers is how many @internal tasks run at once inside the server.
 	InternalWorkers int `env:"INTERNAL_WORKERS" envDefault:"4"`
 	// InternalQueue is how many @internal tasks may wait for a worker; a
@@ -162,6 +166,7 @@ func DefaultSettings() Settings {
 		InternalBurst:           32,
 		InternalQueuePerUser:    64,
 		TaskMaxResultBytes:      1 << 20,
+		TaskProgressRate:        4,
 		InternalWorkers:         4,
 		InternalQueue:           256,
 		NodeLeaseTimeout:        10 * time.Second,
@@ -204,6 +209,9 @@ func (s Settings) Validate() error {
 	}
 	if s.ProviderCacheShare <= 0 || s.ProviderCacheShare > 1 {
 		return fmt.Errorf("JOBLIB_PROVIDER_CACHE_SHARE must be above 0 and at most 1, got %g", s.ProviderCacheShare)
+	}
+	if s.TaskProgressRate <= 0 {
+		return fmt.Errorf("JOBLIB_TASK_PROGRESS_RATE must be positive, got %g", s.TaskProgressRate)
 	}
 	if s.TaskMaxResultBytes <= 0 {
 		return fmt.Errorf("JOBLIB_TASK_MAX_RESULT_BYTES must be positive, got %d", s.TaskMaxResultBytes)
@@ -269,7 +277,7 @@ func (l *List) UnmarshalText(b []byte) error {
 	if strings.HasPrefix(s, "[") {
 		var v []string
 		if err := json.Unmarshal([]byte(s), &v); err != nil {
-			return fmt.Errorf("parse list %q: %w", s, err)
+			return fmt.Errorf("must be a comma-separated list such as modifiers,analysis or a JSON list of strings such as [\"modifiers\",\"analysis\"]")
 		}
 		*l = v
 		return nil

@@ -25,6 +25,9 @@ type Submission struct {
 	Room, FullName string
 	// Payloads holds one payload per task; a single submission has one.
 	Payloads []json.RawMessage
+	// Timeouts, when not nil, holds each task's own task_timeout in
+	// seconds (nil entries: the job's), one per payload.
+	Timeouts []*int
 	Batch    bool
 	// IdempotencyKey, when not empty, makes a repeat of this request by
 	// the same user within Settings.IdempotencyWindow answer what the
@@ -76,8 +79,14 @@ func (s *Service) Submit(ctx context.Context, p Principal, sub Submission) (Subm
 	if !sub.Batch && len(sub.Payloads) != 1 {
 		return Submitted{}, errf(CodeValidation, "a single submission has one payload")
 	}
+	if sub.Timeouts == nil {
+		sub.Timeouts = make([]*int, len(sub.Payloads))
+	}
+	if len(sub.Timeouts) != len(sub.Payloads) {
+		return Submitted{}, errf(CodeValidation, "one timeout per task")
+	}
 	if sub.IdempotencyKey == "" && !sub.Batch {
-		t, err := s.SubmitTask(ctx, p, sub.Room, sub.FullName, sub.Payloads[0])
+		t, err := s.SubmitTaskWith(ctx, p, sub.Room, sub.FullName, sub.Payloads[0], SubmitOptions{Timeout: sub.Timeouts[0]})
 		if err != nil {
 			return Submitted{}, err
 		}
@@ -95,6 +104,15 @@ func (s *Service) Submit(ctx context.Context, p Principal, sub Submission) (Subm
 	st := s.Settings()
 	if sub.Batch && (len(sub.Payloads) == 0 || len(sub.Payloads) > st.MaxSubmitBatch) {
 		return Submitted{}, errf(CodeValidation, `field "tasks": a batch holds 1 to %d tasks (JOBLIB_MAX_SUBMIT_BATCH), got %d`, st.MaxSubmitBatch, len(sub.Payloads))
+	}
+	for i, to := range sub.Timeouts {
+		field := "timeout"
+		if sub.Batch {
+			field = "tasks[" + strconv.Itoa(i) + "].timeout"
+		}
+		if err := checkTimeout(field, to); err != nil {
+			return Submitted{}, err
+		}
 	}
 	bodies := make([]string, len(sub.Payloads))
 	for i, raw := range sub.Payloads {
@@ -156,7 +174,7 @@ func (s *Service) submitTx(ctx context.Context, p Principal, sub Submission, bod
 				return nil
 			}
 		}
-		tasks, err := s.insertSubmission(q, em, p, sub.Room, sub.FullName, bodies, &state)
+		tasks, err := s.insertSubmission(q, em, p, sub.Room, sub.FullName, bodies, sub.Timeouts, &state)
 		if err != nil {
 			return err
 		}
@@ -210,6 +228,12 @@ func replayTasks(out *Submitted, batch bool) error {
 // keys), so that a repeat that only reorders members is the same request.
 func submissionHash(sub Submission, bodies []string) (string, error) {
 	ps := make([]any, len(bodies))
+	ts := make([]any, len(bodies))
+	for i, to := range sub.Timeouts {
+		if to != nil {
+			ts[i] = *to
+		}
+	}
 	for i, b := range bodies {
 		d := json.NewDecoder(bytes.NewReader([]byte(b)))
 		d.UseNumber()
@@ -217,7 +241,7 @@ func submissionHash(sub Submission, bodies []string) (string, error) {
 			return "", errf(CodeValidation, "payload: %v", err)
 		}
 	}
-	h, err := canonical.RequestHashOf(map[string]any{"room": sub.Room, "job": sub.FullName, "batch": sub.Batch, "payloads": ps})
+	h, err := canonical.RequestHashOf(map[string]any{"room": sub.Room, "job": sub.FullName, "batch": sub.Batch, "payloads": ps, "timeouts": ts})
 	if err != nil {
 		return "", errf(CodeValidation, "payload: %v", err)
 	}

@@ -12,14 +12,25 @@ import (
 	"github.com/zndraw/joblib/models"
 )
 
-// Leader is the lock that makes one node the sweeper. models.SessionLock
-// implements it (a PostgreSQL advisory lock; always held on SQLite).
+// LeaderFence is the proof of leadership the sweeper's writes carry (see
+// models.LeaderFence): node reaping, stale-worker cleanups, stuck @internal
+// tasks, task retention and the audit purge all pass the fence of the
+// Leader's last Hold, so that their statements match nothing once another
+// node took the leadership over. A new leader-only step takes it as a
+// parameter and hands it to its statements the same way.
+type LeaderFence = models.LeaderFence
+
+// Leader elects the sweeper. models.LeaderLease implements it: a lease row
+// on the database clock, renewed at each probe, whose epoch moves on at
+// each hand-over. (A session advisory lock cannot be the leadership: the
+// database keeps it for a paused process as long as its connection lives.)
 type Leader interface {
-	// Hold takes the lock if free, or checks it is still held, and reports
-	// whether this process holds it. An error means the database could not
-	// be asked; the lock is then lost.
-	Hold(ctx context.Context) (bool, error)
-	// Release gives the lock up.
+	// Hold takes the leadership if free or expired, or renews it, and
+	// reports whether this process leads now and with which fence. An
+	// error means the database could not be asked: the process then acts
+	// as a follower.
+	Hold(ctx context.Context) (LeaderFence, bool, error)
+	// Release gives the leadership up.
 	Release()
 }
 
@@ -27,8 +38,9 @@ type Leader interface {
 type SweeperConfig struct {
 	// Logger receives the sweeper's logs. Default: the service's.
 	Logger *slog.Logger
-	// Leader elects the sweeping node. Default: the database session lock
-	// "sweeper".
+	// Leader elects the sweeping node. Default: the leadership lease
+	// "sweeper" held by this node's run, valid for
+	// Settings.NodeLeaseTimeout after each renewal.
 	Leader Leader
 	// Now is the clock that times the guards (durations only, never compared
 	// with database timestamps). Default: time.Now.
@@ -92,6 +104,7 @@ type Sweeper struct {
 	obs []func(SweepEvent)
 
 	// Loop state, touched only by the loop goroutine.
+	fence        LeaderFence // of the last Hold that led
 	leaderSince  time.Time
 	healthy      bool
 	healthySince time.Time
@@ -110,7 +123,7 @@ func NewSweeper(svc *Service, cfg SweeperConfig) *Sweeper {
 		cfg.Now = time.Now
 	}
 	if cfg.Leader == nil {
-		cfg.Leader = svc.db.NewSessionLock("sweeper")
+		cfg.Leader = svc.db.NewLeaderLease("sweeper", svc.node.Run, svc.Settings().NodeLeaseTimeout)
 	}
 	if cfg.Jitter == 0 {
 		cfg.Jitter = time.Second
@@ -163,11 +176,14 @@ func (sw *Sweeper) loop(ctx context.Context) {
 	}
 }
 
+// probe is the time between two ticks: the sweep interval, at most 1s and
+// at most a third of the lease timeout (each tick renews the leadership).
 func (sw *Sweeper) probe() time.Duration {
 	if sw.cfg.Probe > 0 {
 		return sw.cfg.Probe
 	}
-	return min(sw.svc.Settings().SweeperInterval, time.Second)
+	st := sw.svc.Settings()
+	return max(min(st.SweeperInterval, time.Second, st.NodeLeaseTimeout/3), 10*time.Millisecond)
 }
 
 // tick checks leadership and health and sweeps when the interval is due.
@@ -177,18 +193,14 @@ func (sw *Sweeper) tick(ctx context.Context) {
 	due := !now.Before(sw.nextSweep)
 
 	hctx, cancel := context.WithTimeout(ctx, min(max(sw.probe(), time.Second), 5*time.Second))
-	held, err := sw.lead.Hold(hctx)
-	if err == nil && sw.svc.db.Dialect() != models.Postgres {
-		// The lock did not touch the database; probe it.
-		err = sw.svc.db.Ping(hctx)
-	}
+	fence, held, err := sw.lead.Hold(hctx)
 	cancel()
 	if err != nil {
 		if ctx.Err() != nil {
 			return
 		}
 		sw.unhealthy(err)
-		sw.setLeader(false, now)
+		sw.setLeader(false, LeaderFence{}, now)
 		if due {
 			sw.nextSweep = now.Add(st.SweeperInterval)
 			sw.emit(SweepEvent{Outcome: SweepError, Err: err})
@@ -196,7 +208,7 @@ func (sw *Sweeper) tick(ctx context.Context) {
 		return
 	}
 	sw.healthyAt(now)
-	sw.setLeader(held, now)
+	sw.setLeader(held, fence, now)
 	if held {
 		sw.reapNodes(ctx, now, st.NodeLeaseTimeout)
 	}
@@ -219,7 +231,7 @@ func (sw *Sweeper) tick(ctx context.Context) {
 	}
 	sw.heldLogged = false
 
-	rep, err := sw.svc.Sweep(ctx, SweepParams{Path: PathSweeper, Cap: true, RecordShadow: !sw.capped})
+	rep, err := sw.svc.Sweep(ctx, SweepParams{Path: PathSweeper, Cap: true, RecordShadow: !sw.capped, Leader: sw.fence})
 	if err != nil {
 		if ctx.Err() != nil {
 			return
@@ -235,13 +247,13 @@ func (sw *Sweeper) tick(ctx context.Context) {
 		sw.log.Error("sweep capped: too many workers are stale at once; acting on none (joblib sweep --fix acts)",
 			"stale", rep.StaleWorkers, "total", rep.TotalWorkers, "max_fraction", st.SweepMaxFraction, "sweep_id", rep.SweepID)
 		sw.emit(SweepEvent{Outcome: SweepCapped, Report: rep})
-	case rep.Result.Cleaned > 0 || len(rep.StuckInternal) > 0:
+	case rep.Result.Cleaned > 0 || len(rep.StuckInternal) > 0 || len(rep.TimedOut) > 0:
 		sw.emit(SweepEvent{Outcome: SweepActed, Report: rep})
 	default:
 		sw.emit(SweepEvent{Outcome: SweepIdle, Report: rep})
 	}
 	if st.AuditRetention > 0 && now.Sub(sw.lastPurge) >= min(time.Hour, st.AuditRetention) {
-		n, err := sw.svc.PurgeAudit(ctx)
+		n, err := sw.svc.PurgeAudit(ctx, sw.fence)
 		if err != nil && ctx.Err() == nil {
 			sw.log.Error("purge audit trail", "err", err)
 		} else if err == nil {
@@ -266,7 +278,7 @@ func (sw *Sweeper) reapNodes(ctx context.Context, now time.Time, leaseTimeout ti
 	}
 	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if _, err := sw.svc.ReapLostNodes(rctx, sw.cfg.NodeGrace); err != nil && ctx.Err() == nil {
+	if _, err := sw.svc.ReapLostNodes(rctx, sw.cfg.NodeGrace, sw.fence); err != nil && ctx.Err() == nil {
 		sw.log.Error("release the sockets of lost nodes", "err", err)
 	}
 }
@@ -297,12 +309,22 @@ func (sw *Sweeper) healthyAt(now time.Time) {
 	}
 }
 
-func (sw *Sweeper) setLeader(held bool, now time.Time) {
+// setLeader records the outcome of a Hold. A new epoch while leading is a
+// new leadership too: this node's lease lapsed (it stalled) and it took the
+// leadership anew, so the guards start over (its workers could not
+// heartbeat through it while it stalled).
+func (sw *Sweeper) setLeader(held bool, fence LeaderFence, now time.Time) {
 	was := sw.isLed.Swap(held)
+	renewed := held && was && fence.Epoch != sw.fence.Epoch
+	sw.fence = fence
 	switch {
-	case held && !was:
+	case held && (!was || renewed):
 		sw.leaderSince = now
-		sw.log.Info("this node is the sweeper", "node", sw.svc.node.ID)
+		if renewed {
+			sw.log.Warn("this node's leadership lapsed (it stalled) and was taken anew; destructive sweeps wait again",
+				"node", sw.svc.node.ID, "epoch", fence.Epoch)
+		}
+		sw.log.Info("this node is the sweeper", "node", sw.svc.node.ID, "epoch", fence.Epoch)
 	case !held && was:
 		sw.log.Warn("this node is no longer the sweeper", "node", sw.svc.node.ID)
 	}

@@ -12,17 +12,18 @@ import (
 	"github.com/zndraw/joblib/models"
 )
 
-// fakeLeader is a Leader the test steers.
+// fakeLeader is a Leader the test steers. Its fence is the zero one
+// (unfenced statements).
 type fakeLeader struct {
 	mu   sync.Mutex
 	held bool
 	err  error
 }
 
-func (f *fakeLeader) Hold(context.Context) (bool, error) {
+func (f *fakeLeader) Hold(context.Context) (LeaderFence, bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.held && f.err == nil, f.err
+	return LeaderFence{}, f.held && f.err == nil, f.err
 }
 
 func (f *fakeLeader) Release() {}

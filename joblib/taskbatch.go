@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/google/uuid"
+	"github.com/zndraw/joblib/events"
 	"github.com/zndraw/joblib/models"
 )
 
@@ -59,6 +60,9 @@ func (s *Service) UpdateTasks(ctx context.Context, p Principal, ups []TaskUpdate
 			continue
 		}
 		stored[i] = st
+		if events.Terminal(u.Status) {
+			s.progress.flush(u.TaskID) // its last progress goes before its end
+		}
 		if s.hotEligible(u.Status, u.Error) {
 			hot = append(hot, toHotUpdate(u.TaskID, u.Status, u.Error, st))
 		}

@@ -44,7 +44,21 @@ func allowed(from, to string) bool {
 // SubmitTask creates a task for a job, addressed by full name, in a target
 // room. Any room may submit to any job.
 func (s *Service) SubmitTask(ctx context.Context, p Principal, room, fullName string, payload json.RawMessage) (Task, error) {
+	return s.SubmitTaskWith(ctx, p, room, fullName, payload, SubmitOptions{})
+}
+
+// SubmitOptions are the optional fields of a submission.
+type SubmitOptions struct {
+	// Timeout is the task's own task_timeout in seconds (nil: the job's).
+	Timeout *int
+}
+
+// SubmitTaskWith is SubmitTask with options.
+func (s *Service) SubmitTaskWith(ctx context.Context, p Principal, room, fullName string, payload json.RawMessage, o SubmitOptions) (Task, error) {
 	if err := ValidateRoomID(room); err != nil {
+		return Task{}, err
+	}
+	if err := checkTimeout("timeout", o.Timeout); err != nil {
 		return Task{}, err
 	}
 	body, err := canonicalObject(payload)
@@ -62,14 +76,14 @@ func (s *Service) SubmitTask(ctx context.Context, p Principal, room, fullName st
 			return Task{}, err
 		}
 	}
-	if t, ok, err := s.submitHot(ctx, p, room, fullName, body); err != nil || ok {
+	if t, ok, err := s.submitHot(ctx, p, room, fullName, body, o.Timeout); err != nil || ok {
 		return t, err
 	}
 	var sub submitState
 	var tasks []Task
 	err = s.mutate(ctx, func(q *models.Q, em *events.Set) error {
 		var err error
-		tasks, err = s.insertSubmission(q, em, p, room, fullName, []string{body}, &sub)
+		tasks, err = s.insertSubmission(q, em, p, room, fullName, []string{body}, []*int{o.Timeout}, &sub)
 		return err
 	})
 	return s.afterSubmission(ctx, p, tasks, &sub, err)
@@ -86,7 +100,7 @@ type submitState struct {
 // q's transaction, with their events in em: the pending-task quota counts
 // them all, so a batch is refused whole. An @internal job takes one task
 // per submission (its executor slot is reserved in st).
-func (s *Service) insertSubmission(q *models.Q, em *events.Set, p Principal, room, fullName string, bodies []string, st *submitState) ([]Task, error) {
+func (s *Service) insertSubmission(q *models.Q, em *events.Set, p Principal, room, fullName string, bodies []string, timeouts []*int, st *submitState) ([]Task, error) {
 	// Key-share: the orphan rule cannot soft-delete the job under the
 	// pending tasks we are adding.
 	j, err := resolveJobLocked(q, fullName, models.KeyShare)
@@ -102,7 +116,7 @@ func (s *Service) insertSubmission(q *models.Q, em *events.Set, p Principal, roo
 		if len(bodies) == 1 {
 			// One row: its queue position is one count over the index, cheaper
 			// than ranking the job's queue as a batch's read-back does.
-			t, err := q.InsertTask(uuid.New(), j.ID, room, &creator, bodies[0], models.StatusPending)
+			t, err := q.InsertTaskTimeout(uuid.New(), j.ID, room, &creator, bodies[0], models.StatusPending, timeouts[0])
 			if err != nil {
 				return nil, err
 			}
@@ -112,7 +126,7 @@ func (s *Service) insertSubmission(q *models.Q, em *events.Set, p Principal, roo
 			for i := range ids {
 				ids[i] = uuid.New()
 			}
-			if ts, err = q.InsertTasks(ids, j.ID, room, &creator, bodies, models.StatusPending); err != nil {
+			if ts, err = q.InsertTasks(ids, j.ID, room, &creator, bodies, timeouts, models.StatusPending); err != nil {
 				return nil, err
 			}
 		}
@@ -156,7 +170,7 @@ func (s *Service) insertSubmission(q *models.Q, em *events.Set, p Principal, roo
 		t, err := q.GetTask(id)
 		return []Task{taskView(t)}, err
 	}
-	t, err := q.InsertTask(id, j.ID, room, &creator, body, models.StatusClaimed)
+	t, err := q.InsertTaskTimeout(id, j.ID, room, &creator, body, models.StatusClaimed, timeouts[0])
 	if err != nil {
 		return nil, err
 	}
@@ -185,7 +199,7 @@ func (s *Service) afterSubmission(ctx context.Context, p Principal, tasks []Task
 // user's quota lock in the same round trip; ok is false when it does not
 // apply (the general path then answers: not found, internal jobs, quota
 // exceeded).
-func (s *Service) submitHot(ctx context.Context, p Principal, room, fullName, body string) (Task, bool, error) {
+func (s *Service) submitHot(ctx context.Context, p Principal, room, fullName, body string, timeout *int) (Task, bool, error) {
 	if s.db.Dialect() != models.Postgres {
 		return Task{}, false, nil
 	}
@@ -203,7 +217,7 @@ func (s *Service) submitHot(ctx context.Context, p Principal, room, fullName, bo
 		f := tb.Frame(events.TaskAvailable{}.EventName())
 		a = models.AvailableFrame{Prefix: f.Prefix, Middle: f.Middle, Suffix: f.Suffix, JobRoomPrefix: events.JobRoom("")}
 	}
-	ht, ok, err := s.db.SubmitTaskHot(ctx, uuid.New(), jroom, cat, name, room, p.ID, body, quota, n, a)
+	ht, ok, err := s.db.SubmitTaskHot(ctx, uuid.New(), jroom, cat, name, room, p.ID, body, timeout, quota, n, a)
 	if err != nil || !ok {
 		return Task{}, false, err
 	}
@@ -347,6 +361,9 @@ func (s *Service) UpdateTaskResult(ctx context.Context, p Principal, id uuid.UUI
 	if err != nil {
 		return Task{}, err
 	}
+	if events.Terminal(status) {
+		s.progress.flush(id) // its last progress goes before its end
+	}
 	if s.hotEligible(status, errMsg) {
 		hts, err := s.db.UpdateTasksHot(ctx, []models.HotUpdate{toHotUpdate(id, status, errMsg, stored)}, hotTransitions, p.ID, s.hotNotify())
 		if err != nil {
@@ -391,10 +408,12 @@ func (s *Service) checkUpdate(status string, errMsg *string, result json.RawMess
 
 // hotEligible reports whether a status report may take the one-statement path:
 // on PostgreSQL, a worker's report (a task is made claimed only by a claim,
-// pending only by a retry) whose error fits a NOTIFY with its event.
+// pending only by a retry) whose error fits a NOTIFY with its event. A
+// cancellation takes the general path, which also tells the holder
+// (task_cancelled).
 func (s *Service) hotEligible(status string, errMsg *string) bool {
 	return s.db.Dialect() == models.Postgres && status != models.StatusClaimed && status != models.StatusPending &&
-		(errMsg == nil || len(*errMsg) < hotErrorMax)
+		status != models.StatusCancelled && (errMsg == nil || len(*errMsg) < hotErrorMax)
 }
 
 // toHotUpdate is a validated report in the one-statement path's form (the
@@ -458,7 +477,15 @@ func (s *Service) updateTask(ctx context.Context, p Principal, id uuid.UUID, sta
 			return err
 		}
 		if !ok {
-			// Changed under us; report against the state that won.
+			// Past its deadline, or changed under us; report against the
+			// state that won.
+			if overdue, err := q.TaskOverdue(id); err != nil || overdue {
+				if err != nil {
+					return err
+				}
+				return errf(CodeInvalidTaskTransition, "Cannot transition from '%s' to '%s': the task is past its deadline (%s) and is being timed out",
+					t.Status, status, t.DeadlineAt.UTC().Format(time.RFC3339))
+			}
 			cur, err := q.GetTask(id)
 			if err != nil {
 				return err
@@ -492,6 +519,9 @@ func (s *Service) updateTask(ctx context.Context, p Principal, id uuid.UUID, sta
 		}
 		out = taskView(nt)
 		em.Add(events.Room(out.RoomID), statusEvent(out))
+		if status == models.StatusCancelled && t.WorkerID != nil {
+			em.Add(events.WorkerRoom(t.WorkerID.String()), events.TaskCancelled{TaskID: id.String(), Reason: "cancelled by " + p.Name})
+		}
 		return nil
 	})
 	if lost != nil {
@@ -528,15 +558,16 @@ func lostToCaller(q *models.Q, p Principal, t models.Task, status string, lost *
 
 // authorizeUpdate applies the contract's rules: superusers may update any
 // task; otherwise the caller must own the worker holding the task. As a fix
-// of the contract, the submitter may also cancel their own pending task.
+// of the contract, the submitter may also cancel their own task while it is
+// pending, claimed or running (its holder hears of it: task_cancelled).
 func (s *Service) authorizeUpdate(q *models.Q, p Principal, t models.Task, status string) error {
 	if p.Superuser {
 		return nil
 	}
+	if status == models.StatusCancelled && t.CreatedByID != nil && *t.CreatedByID == p.ID {
+		return nil
+	}
 	if t.WorkerID == nil {
-		if t.Status == models.StatusPending && status == models.StatusCancelled && t.CreatedByID != nil && *t.CreatedByID == p.ID {
-			return nil
-		}
 		return errf(CodeForbidden, "Task not claimed by any worker")
 	}
 	w, err := q.GetWorker(*t.WorkerID)

@@ -204,6 +204,13 @@ func (s *Service) CreateFirstAdmin(ctx context.Context) (string, error) {
 	return token, nil
 }
 
+// HasSuperuser reports whether an active superuser exists besides the
+// CLI's operator users (whom nobody logs in as).
+func (s *Service) HasSuperuser(ctx context.Context) (bool, error) {
+	n, err := s.db.Q(ctx).CountSuperusers(OperatorUserPrefix)
+	return n > 0, err
+}
+
 // HasUsers reports whether any user exists.
 func (s *Service) HasUsers(ctx context.Context) (bool, error) {
 	n, err := s.db.Q(ctx).CountUsers()
@@ -370,7 +377,7 @@ func (s *Service) PrincipalForSubject(ctx context.Context, id uuid.UUID) (Princi
 		return Principal{}, err
 	}
 	if !u.IsActive {
-		return Principal{}, ErrUnauthorized
+		return Principal{}, Unauthorized("User inactive")
 	}
 	return principal(u), nil
 }

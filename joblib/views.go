@@ -1,6 +1,7 @@
 package joblib
 
 import (
+	"cmp"
 	"encoding/json"
 
 	"github.com/google/uuid"
@@ -51,6 +52,11 @@ type Job struct {
 	WorkerID     *uuid.UUID      `json:"worker_id"`
 	OnWorkerLoss string          `json:"on_worker_loss"`
 	MaxAttempts  int             `json:"max_attempts"`
+	// TaskTimeout and HeartbeatTimeout are the job's task limits in
+	// seconds (null: none); OnTimeout is "fail" or "requeue".
+	TaskTimeout      *int   `json:"task_timeout"`
+	HeartbeatTimeout *int   `json:"heartbeat_timeout"`
+	OnTimeout        string `json:"on_timeout"`
 }
 
 // JobSummary is a job in listings.
@@ -79,6 +85,24 @@ type Task struct {
 	// with the completion (PATCH {"status":"completed","result":...}); null
 	// otherwise.
 	Result json.RawMessage `json:"result"`
+	// TaskTimeout and HeartbeatTimeout are the task's limits in seconds
+	// (null: none); DeadlineAt is when it is stuck unless it reports
+	// progress (heartbeat_timeout) or finishes first (null: not held, or no
+	// limit).
+	TaskTimeout      *int        `json:"task_timeout"`
+	HeartbeatTimeout *int        `json:"heartbeat_timeout"`
+	DeadlineAt       events.Time `json:"deadline_at"`
+	// Progress is the last progress its worker reported (null: none), at
+	// ProgressAt.
+	Progress   *Progress   `json:"progress"`
+	ProgressAt events.Time `json:"progress_at"`
+}
+
+// Progress is a task's reported progress. Every field is optional.
+type Progress struct {
+	Current *float64 `json:"current"`
+	Total   *float64 `json:"total"`
+	Message *string  `json:"message"`
 }
 
 // Terminal reports whether the task reached a final status.
@@ -124,6 +148,7 @@ func jobView(j models.Job, workers []uuid.UUID, workerID *uuid.UUID) Job {
 		ID: j.ID, RoomID: j.RoomID, Category: j.Category, Name: j.Name, FullName: j.FullName(),
 		Schema: rawJSON(j.Schema), Workers: workers, WorkerID: workerID,
 		OnWorkerLoss: j.OnWorkerLoss, MaxAttempts: j.MaxAttempts,
+		TaskTimeout: j.TaskTimeout, HeartbeatTimeout: j.HeartbeatTimeout, OnTimeout: cmp.Or(j.OnTimeout, OnTimeoutFail),
 	}
 }
 
@@ -136,6 +161,14 @@ func taskView(t models.Task) Task {
 	}
 	if t.Result != nil {
 		v.Result = json.RawMessage(*t.Result)
+	}
+	v.TaskTimeout, v.HeartbeatTimeout = t.TaskTimeout, t.HeartbeatTimeout
+	if t.Status == models.StatusClaimed || t.Status == models.StatusRunning {
+		v.DeadlineAt = wireTime(t.DeadlineAt)
+	}
+	if t.ProgressAt.Valid() {
+		v.Progress = &Progress{Current: t.ProgressCurrent, Total: t.ProgressTotal, Message: t.ProgressMessage}
+		v.ProgressAt = wireTime(t.ProgressAt)
 	}
 	return v
 }

@@ -40,6 +40,10 @@ type CleanupFence struct {
 	LostGrace time.Duration
 	// SkipLocked skips workers another transaction is holding (PostgreSQL).
 	SkipLocked bool
+	// Leader, when set, requires the leadership lease to still be held with
+	// this epoch (the sweeper's and node reaping's cleanups): a leader that
+	// lost its lease while paused cleans nothing.
+	Leader LeaderFence
 }
 
 // CleanupAudit describes who cleans and why, for the cleanup_events rows.
@@ -138,6 +142,10 @@ func (q *Q) cleanup(ids []uuid.UUID, limit int, f CleanupFence, lostError string
 		expr, arg := q.before(f.LostGrace)
 		where = append(where, "w.node_run = ? AND EXISTS (SELECT 1 FROM nodes n WHERE n.run = w.node_run AND n.expires_at < "+expr+")")
 		args = append(args, f.LostRun, arg)
+	}
+	if cond, cargs := q.leaderCond(f.Leader); cond != "" {
+		where = append(where, cond)
+		args = append(args, cargs...)
 	}
 	tail := " ORDER BY w.seq"
 	if limit > 0 {
@@ -516,14 +524,22 @@ type SweepProbe struct {
 	// Stuck: some @internal task is claimed or running for longer than
 	// the internal task timeout (FailStuckInternalTasks would fail it).
 	Stuck bool
+	// TimedOut: some claimed or running task is past its deadline
+	// (TimeOutTasks would time it out).
+	TimedOut bool
 }
+
+// earliestDeadlineSQL is the earliest deadline of a held task: the first
+// entry of the partial index tasks_deadline_idx.
+const earliestDeadlineSQL = "SELECT min(t.deadline_at) FROM tasks t WHERE t.status IN ('claimed', 'running')"
 
 // ProbeSweep answers SweepProbe in one read-only statement, so an idle
 // sweep costs one round trip. Both tests compare a minimum with the
 // threshold, so the plan never depends on the threshold's value: the oldest
 // heartbeat is the first entry of the index on last_heartbeat, and the
 // oldest claimed or running @internal task is found per @internal job on the
-// (job_id, status, seq) index. (An EXISTS with the threshold in its WHERE
+// (job_id, status, seq) index; the earliest deadline of a held task is the
+// first entry of the partial index on deadline_at. (An EXISTS with the threshold in its WHERE
 // clause gets a generic plan that scans every worker when none is stale.)
 func (q *Q) ProbeSweep(staleAfter, internalTimeout time.Duration) (SweepProbe, error) {
 	staleExpr, staleArg := q.before(staleAfter)
@@ -531,7 +547,8 @@ func (q *Q) ProbeSweep(staleAfter, internalTimeout time.Duration) (SweepProbe, e
 	var p SweepProbe
 	err := q.g.Raw("SELECT COALESCE((SELECT min(last_heartbeat) FROM workers) < "+staleExpr+", false) AS stale,"+
 		" COALESCE((SELECT min((SELECT min(COALESCE(t.started_at, t.created_at)) FROM tasks t WHERE t.job_id = j.id AND t.status IN ('claimed', 'running')))"+
-		" FROM jobs j WHERE j.room_id = '@internal') < "+stuckExpr+", false) AS stuck", staleArg, stuckArg).Scan(&p).Error
+		" FROM jobs j WHERE j.room_id = '@internal') < "+stuckExpr+", false) AS stuck,"+
+		" COALESCE(("+earliestDeadlineSQL+") < "+q.now()+", false) AS timed_out", staleArg, stuckArg).Scan(&p).Error
 	if err != nil {
 		return p, fmt.Errorf("probe sweep: %w", mapErr(err))
 	}
@@ -540,13 +557,15 @@ func (q *Q) ProbeSweep(staleAfter, internalTimeout time.Duration) (SweepProbe, e
 
 // FailStuckInternalTasks fails @internal tasks that have been claimed or
 // running for longer than timeout (measured from started_at, or created_at if
-// never started) and returns them.
-func (q *Q) FailStuckInternalTasks(timeout time.Duration, lostError string) ([]Task, error) {
+// never started) and returns them. lead fences it to the sweeper leader
+// (zero: unfenced).
+func (q *Q) FailStuckInternalTasks(timeout time.Duration, lostError string, lead LeaderFence) ([]Task, error) {
 	expr, arg := q.before(timeout)
 	var ids []uuid.UUID
+	where, args := q.andLeader(" WHERE status IN ('claimed', 'running') AND job_id IN (SELECT id FROM jobs WHERE room_id = '@internal')"+
+		" AND COALESCE(started_at, created_at) < "+expr, []any{lostError, arg}, lead)
 	err := q.g.Raw("UPDATE tasks SET status = 'failed', completed_at = "+q.now()+", error = ?, updated_at = "+q.now()+
-		" WHERE status IN ('claimed', 'running') AND job_id IN (SELECT id FROM jobs WHERE room_id = '@internal')"+
-		" AND COALESCE(started_at, created_at) < "+expr+" RETURNING id", lostError, arg).Scan(&ids).Error
+		where+" RETURNING id", args...).Scan(&ids).Error
 	if err != nil {
 		return nil, fmt.Errorf("fail stuck internal tasks: %w", mapErr(err))
 	}
@@ -599,11 +618,12 @@ func (q *Q) MarkWorkerHeard(workerID, userID uuid.UUID, via string) (ReapRecord,
 
 // PurgeAudit deletes up to limit cleanup_events and up to limit audit_log
 // rows older than retention by the database's clock and returns how many.
-func (q *Q) PurgeAudit(retention time.Duration, limit int) (int64, error) {
+func (q *Q) PurgeAudit(retention time.Duration, limit int, lead LeaderFence) (int64, error) {
 	var n int64
 	for _, table := range []string{"cleanup_events", "audit_log"} {
 		expr, arg := q.before(retention)
-		res := q.g.Exec("DELETE FROM "+table+" WHERE seq IN (SELECT seq FROM "+table+" WHERE created_at < "+expr+" ORDER BY seq LIMIT ?)", arg, limit)
+		where, args := q.andLeader(" WHERE created_at < "+expr, []any{arg}, lead)
+		res := q.g.Exec("DELETE FROM "+table+" WHERE seq IN (SELECT seq FROM "+table+where+" ORDER BY seq LIMIT ?)", append(args, limit)...)
 		if res.Error != nil {
 			return n, fmt.Errorf("purge %s: %w", table, mapErr(res.Error))
 		}

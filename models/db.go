@@ -226,13 +226,14 @@ func (db *DB) Tx(ctx context.Context, fn func(q *Q) error) error {
 }
 
 // retryable reports whether PostgreSQL aborted the transaction for a reason
-// that a plain retry resolves.
+// that a plain retry resolves, or the transaction failed before anything
+// was sent on its connection (a pooled connection found dead).
 func retryable(err error) bool {
 	var pg *pgconn.PgError
 	if errors.As(err, &pg) {
 		return pg.Code == "40P01" || pg.Code == "40001"
 	}
-	return false
+	return err != nil && pgconn.SafeToRetry(err)
 }
 
 // Dialect reports which database the queries run on.
@@ -260,14 +261,26 @@ var (
 	// request's deadline or PostgreSQL's statement_timeout) and was
 	// cancelled.
 	ErrTimeout = errors.New("statement timeout")
+	// ErrUnavailable means the database connection was lost under the
+	// statement (the backend was terminated, the server shut down or
+	// restarted, the network dropped it): the request may be retried.
+	ErrUnavailable = errors.New("database unavailable")
+	// ErrStorageFull means the database could not write for lack of space
+	// (SQLite's SQLITE_FULL, PostgreSQL's disk_full): nothing of the
+	// statement was committed.
+	ErrStorageFull = errors.New("storage full")
 )
 
 func mapErr(err error) error {
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, ErrNotFound), errors.Is(err, ErrConflict), errors.Is(err, ErrInvalidData), errors.Is(err, ErrTimeout):
+	case errors.Is(err, ErrNotFound), errors.Is(err, ErrConflict), errors.Is(err, ErrInvalidData), errors.Is(err, ErrTimeout), errors.Is(err, ErrUnavailable), errors.Is(err, ErrStorageFull):
 		return err
+	case isStorageFull(err):
+		return fmt.Errorf("%w: %w", ErrStorageFull, err)
+	case isConnLost(err):
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	case isInvalidData(err):
 		return fmt.Errorf("%w: %w", ErrInvalidData, err)
 	case isStatementTimeout(err):

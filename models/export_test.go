@@ -21,6 +21,8 @@ var (
 	UpdateOneSQL   = updateOneSQL
 	TaskSelectSQL  = taskSelect
 	TasksSelectSQL = tasksSelect
+	// EarliestDeadlineSQL is the idle sweep's read of task deadlines.
+	EarliestDeadlineSQL = earliestDeadlineSQL
 )
 
 // Args is the parameter list a HotNotify adds to a hot statement.

@@ -41,7 +41,8 @@ type HotNotify struct {
 // its job j.
 const hotTaskCols = `u.id, u.seq, u.job_id, u.worker_id, u.lost_worker_id, u.room_id, u.created_by_id, u.payload, u.status, u.attempt,
  u.created_at, u.claimed_at, u.started_at, u.completed_at, u.error, u.result,
- j.room_id, j.category, j.name, j.on_worker_loss, j.max_attempts`
+ j.room_id, j.category, j.name, j.on_worker_loss, j.max_attempts,
+ u.task_timeout, u.heartbeat_timeout, u.deadline_at, u.progress_current, u.progress_total, u.progress_message, u.progress_at, j.on_timeout`
 
 // hotStatusEvent is the task_status_event object of the changed task u
 // (%[1]s: the queue position expression).
@@ -78,7 +79,9 @@ func scanHotTask(row pgx.Rows) (HotTask, error) {
 	var t HotTask
 	err := row.Scan(&t.ID, &t.Seq, &t.JobID, &t.WorkerID, &t.LostWorkerID, &t.RoomID, &t.CreatedByID, &t.Payload, &t.Status, &t.Attempt,
 		&t.CreatedAt, &t.ClaimedAt, &t.StartedAt, &t.CompletedAt, &t.Error, &t.Result,
-		&t.JobRoom, &t.JobCategory, &t.JobName, &t.OnWorkerLoss, &t.MaxAttempts, &t.QueuePosition, &t.Notified)
+		&t.JobRoom, &t.JobCategory, &t.JobName, &t.OnWorkerLoss, &t.MaxAttempts,
+		&t.TaskTimeout, &t.HeartbeatTimeout, &t.DeadlineAt, &t.ProgressCurrent, &t.ProgressTotal, &t.ProgressMessage, &t.ProgressAt, &t.OnTimeout,
+		&t.QueuePosition, &t.Notified)
 	return t, err
 }
 
@@ -116,7 +119,9 @@ var claimSQL = `WITH w AS (
 	LIMIT $3
 ), u AS (
 	UPDATE tasks t SET status = CASE WHEN $10 THEN 'running' ELSE 'claimed' END, worker_id = $1, attempt = t.attempt + 1,
-		claimed_at = now(), started_at = CASE WHEN $10 THEN now() ELSE t.started_at END, updated_at = now()
+		claimed_at = now(), started_at = CASE WHEN $10 THEN now() ELSE t.started_at END, updated_at = now(),
+		deadline_at = now() + LEAST(t.task_timeout, t.heartbeat_timeout) * interval '1 second',
+		progress_current = NULL, progress_total = NULL, progress_message = NULL, progress_at = NULL
 	WHERE t.id = ANY(ARRAY(SELECT id FROM picked))
 	RETURNING t.*
 )` + claimOutbox + `
@@ -153,7 +158,9 @@ func (db *DB) ClaimTasksHot(ctx context.Context, workerID, userID uuid.UUID, lim
 		// columns are NULL on the single row of an empty claim.
 		err := rows.Scan(&ok, &id, &seq, &jobID, &t.WorkerID, &t.LostWorkerID, &roomID, &t.CreatedByID, &payload, &status, &attempt,
 			&t.CreatedAt, &t.ClaimedAt, &t.StartedAt, &t.CompletedAt, &t.Error, &t.Result,
-			&t.JobRoom, &t.JobCategory, &t.JobName, &t.OnWorkerLoss, &t.MaxAttempts, &t.QueuePosition, &t.Notified)
+			&t.JobRoom, &t.JobCategory, &t.JobName, &t.OnWorkerLoss, &t.MaxAttempts,
+			&t.TaskTimeout, &t.HeartbeatTimeout, &t.DeadlineAt, &t.ProgressCurrent, &t.ProgressTotal, &t.ProgressMessage, &t.ProgressAt, &t.OnTimeout,
+			&t.QueuePosition, &t.Notified)
 		if err != nil {
 			return false, nil, fmt.Errorf("claim tasks: %w", err)
 		}
@@ -178,14 +185,14 @@ func (db *DB) ClaimTasksHot(ctx context.Context, workerID, userID uuid.UUID, lim
 // event it writes task_available for the job's workers to the outbox (both
 // or neither): parameters $8..$13 are the status event's HotNotify,
 // $14..$17 the task_available frame (prefix, middle, suffix, job room
-// prefix).
+// prefix); $19 is the submission's own task_timeout (NULL: the job's).
 var submitSQL = `WITH jj AS (
-	SELECT id FROM jobs WHERE room_id = $1 AND category = $2 AND name = $3 AND deleted = false AND room_id <> '@internal'
+	SELECT id, task_timeout, heartbeat_timeout FROM jobs WHERE room_id = $1 AND category = $2 AND name = $3 AND deleted = false AND room_id <> '@internal'
 		AND ($18 = 0 OR (SELECT count(*) FROM (SELECT 1 FROM tasks q WHERE q.created_by_id = $6 AND q.status = 'pending' LIMIT $18) c) < $18)
 	FOR KEY SHARE
 ), u AS (
-	INSERT INTO tasks (id, job_id, room_id, created_by_id, payload, status, created_at, updated_at)
-	SELECT $4, jj.id, $5, $6, $7, 'pending', now(), now() FROM jj
+	INSERT INTO tasks (id, job_id, room_id, created_by_id, payload, status, created_at, updated_at, task_timeout, heartbeat_timeout)
+	SELECT $4, jj.id, $5, $6, $7, 'pending', now(), now(), COALESCE($19::integer, jj.task_timeout), jj.heartbeat_timeout FROM jj
 	RETURNING *
 ), v AS (
 	SELECT u.*, 1 + (SELECT count(*) FROM tasks p WHERE p.job_id = u.job_id AND p.status = 'pending' AND p.seq < u.seq) AS position FROM u
@@ -221,12 +228,13 @@ const lockUserSQL = "SELECT id FROM users WHERE id = $1 FOR NO KEY UPDATE"
 // task a concurrent submission of the same user committed. ok is false when
 // no such job exists or the quota is spent (the caller's general path
 // answers).
-func (db *DB) SubmitTaskHot(ctx context.Context, id uuid.UUID, room, category, name, targetRoom string, createdBy uuid.UUID, payload string, quota int, n HotNotify, a AvailableFrame) (HotTask, bool, error) {
+// timeout, when not nil, is the task's own task_timeout in seconds.
+func (db *DB) SubmitTaskHot(ctx context.Context, id uuid.UUID, room, category, name, targetRoom string, createdBy uuid.UUID, payload string, timeout *int, quota int, n HotNotify, a AvailableFrame) (HotTask, bool, error) {
 	if db.Pool == nil {
 		return HotTask{}, false, ErrNoHotPath
 	}
 	args := append([]any{room, category, name, id, targetRoom, createdBy, payload}, n.args()...)
-	args = append(args, a.Prefix, a.Middle, a.Suffix, a.JobRoomPrefix, quota)
+	args = append(args, a.Prefix, a.Middle, a.Suffix, a.JobRoomPrefix, quota, timeout)
 	var t HotTask
 	ok := false
 	scan := func(rows pgx.Rows) error {
@@ -302,7 +310,8 @@ type HotUpdate struct {
 // to the tasks that are in a state each may come from ($6 lists the allowed
 // from/to pairs as "from>to"), held by a worker of user $5, and not the late
 // report of a worker a cleanup took them from: the rules of the general
-// path, in one statement. A report that matches no such task changes nothing
+// path, in one statement (a task past its deadline takes no report: the
+// sweeper times it out). A report that matches no such task changes nothing
 // and is absent from the answer. key is the condition that finds the tasks.
 //
 // The statement must find its tasks by their primary key in every plan,
@@ -324,6 +333,7 @@ func updateSQL(b, key string) string {
 	FROM b
 	WHERE ` + key + ` AND t.id = b.id AND (t.status || '>' || b.status) = ANY($6::text[])
 		AND (t.lost_worker_id IS NULL OR t.worker_id <> t.lost_worker_id)
+		AND (t.deadline_at IS NULL OR t.deadline_at > now()) -- a task past its deadline takes no report
 		AND EXISTS (SELECT 1 FROM workers w WHERE w.id = t.worker_id AND w.user_id = $5 OFFSET 0)
 	RETURNING t.*
 )` + updateOutbox + `

@@ -445,6 +445,17 @@ func skewedPostgres(t *testing.T, skew time.Duration) *models.DB {
 	return db
 }
 
+// skewCases are databases whose clock is an hour ahead of or behind the
+// process's (PostgreSQL), and SQLite, which reads the process's clock.
+var skewCases = []struct {
+	name string
+	open func(t *testing.T) *models.DB
+}{
+	{"postgres-db-ahead", func(t *testing.T) *models.DB { return skewedPostgres(t, time.Hour) }},
+	{"postgres-db-behind", func(t *testing.T) *models.DB { return skewedPostgres(t, -time.Hour) }},
+	{"sqlite", func(t *testing.T) *models.DB { return dbtest.Open(t, models.SQLite) }},
+}
+
 // A skew between the process clock and the database clock changes no
 // liveness decision: staleness is judged only against the database's own
 // now, by the queries that list, count and clean stale workers.
@@ -456,15 +467,7 @@ func skewedPostgres(t *testing.T, skew time.Duration) *models.DB {
 // there no skew can exist, and the same decisions are checked without one.
 func TestLivenessIgnoresProcessClock(t *testing.T) {
 	t.Parallel()
-	cases := []struct {
-		name string
-		open func(t *testing.T) *models.DB
-	}{
-		{"postgres-db-ahead", func(t *testing.T) *models.DB { return skewedPostgres(t, time.Hour) }},
-		{"postgres-db-behind", func(t *testing.T) *models.DB { return skewedPostgres(t, -time.Hour) }},
-		{"sqlite", func(t *testing.T) *models.DB { return dbtest.Open(t, models.SQLite) }},
-	}
-	for _, c := range cases {
+	for _, c := range skewCases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			db := c.open(t)

@@ -7,8 +7,8 @@ import (
 )
 
 const (
-	jobCols     = "j.id, j.seq, j.room_id, j.category, j.name, j.schema, j.deleted, j.on_worker_loss, j.max_attempts, j.created_by_id, j.created_at"
-	jobColsBare = "id, seq, room_id, category, name, schema, deleted, on_worker_loss, max_attempts, created_by_id, created_at"
+	jobCols     = "j.id, j.seq, j.room_id, j.category, j.name, j.schema, j.deleted, j.on_worker_loss, j.max_attempts, j.created_by_id, j.created_at, j.task_timeout, j.heartbeat_timeout, j.on_timeout"
+	jobColsBare = "id, seq, room_id, category, name, schema, deleted, on_worker_loss, max_attempts, created_by_id, created_at, task_timeout, heartbeat_timeout, on_timeout"
 )
 
 // RowLock is how a read inside a transaction locks the rows it returns on
@@ -58,21 +58,30 @@ func (q *Q) JobByKeyLocked(room, category, name string, l RowLock) (Job, error) 
 // reports whether it inserted. Concurrent first registrations therefore never
 // fail: exactly one inserts, the others find the row.
 func (q *Q) InsertJobIfAbsent(j Job) (bool, error) {
-	res := q.g.Exec("INSERT INTO jobs (id, room_id, category, name, schema, on_worker_loss, max_attempts, created_by_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, "+q.now()+
+	res := q.g.Exec("INSERT INTO jobs (id, room_id, category, name, schema, on_worker_loss, max_attempts, created_by_id, task_timeout, heartbeat_timeout, on_timeout, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "+q.now()+
 		") ON CONFLICT (room_id, category, name) DO NOTHING",
-		j.ID, j.RoomID, j.Category, j.Name, j.Schema, j.OnWorkerLoss, j.MaxAttempts, j.CreatedByID)
+		j.ID, j.RoomID, j.Category, j.Name, j.Schema, j.OnWorkerLoss, j.MaxAttempts, j.CreatedByID, j.TaskTimeout, j.HeartbeatTimeout, onTimeout(j.OnTimeout))
 	if res.Error != nil {
 		return false, fmt.Errorf("insert job: %w", mapErr(res.Error))
 	}
 	return res.RowsAffected == 1, nil
 }
 
+// onTimeout is a job's timeout policy as stored ("" is the default, fail).
+func onTimeout(p string) string {
+	if p == "" {
+		return "fail"
+	}
+	return p
+}
+
 // ReactivateJob turns a soft-deleted job live again with a new schema,
-// worker-loss policy and creator. It reports false if the job was not
+// policies (those of j) and creator. It reports false if the job was not
 // deleted (a concurrent registration won).
-func (q *Q) ReactivateJob(id uuid.UUID, schema, onWorkerLoss string, maxAttempts int, createdBy *uuid.UUID) (bool, error) {
-	res := q.g.Exec("UPDATE jobs SET deleted = false, deleted_at = NULL, schema = ?, on_worker_loss = ?, max_attempts = ?, created_by_id = ? WHERE id = ? AND deleted = true",
-		schema, onWorkerLoss, maxAttempts, createdBy, id)
+func (q *Q) ReactivateJob(id uuid.UUID, schema string, j Job, createdBy *uuid.UUID) (bool, error) {
+	res := q.g.Exec("UPDATE jobs SET deleted = false, deleted_at = NULL, schema = ?, on_worker_loss = ?, max_attempts = ?, created_by_id = ?,"+
+		" task_timeout = ?, heartbeat_timeout = ?, on_timeout = ? WHERE id = ? AND deleted = true",
+		schema, j.OnWorkerLoss, j.MaxAttempts, createdBy, j.TaskTimeout, j.HeartbeatTimeout, onTimeout(j.OnTimeout), id)
 	if res.Error != nil {
 		return false, fmt.Errorf("reactivate job: %w", mapErr(res.Error))
 	}
@@ -177,6 +186,17 @@ func (q *Q) SetJobPolicy(id uuid.UUID, onWorkerLoss string, maxAttempts int) err
 	err := q.g.Exec("UPDATE jobs SET on_worker_loss = ?, max_attempts = ? WHERE id = ?", onWorkerLoss, maxAttempts, id).Error
 	if err != nil {
 		return fmt.Errorf("set job policy: %w", mapErr(err))
+	}
+	return nil
+}
+
+// SetJobTimeouts changes a job's task limits (seconds, nil: none) and
+// timeout policy. Tasks already submitted keep the limits they were
+// submitted with.
+func (q *Q) SetJobTimeouts(id uuid.UUID, taskTimeout, heartbeatTimeout *int, policy string) error {
+	err := q.g.Exec("UPDATE jobs SET task_timeout = ?, heartbeat_timeout = ?, on_timeout = ? WHERE id = ?", taskTimeout, heartbeatTimeout, onTimeout(policy), id).Error
+	if err != nil {
+		return fmt.Errorf("set job timeouts: %w", mapErr(err))
 	}
 	return nil
 }

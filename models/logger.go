@@ -4,7 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -85,6 +89,53 @@ func clientCaused(err error) bool {
 func isInvalidData(err error) bool {
 	c := sqlState(err)
 	return len(c) == 5 && c[:2] == "22"
+}
+
+// isConnLost: the connection under the statement is gone. PostgreSQL
+// terminated the backend (57P01 admin shutdown, 57P02 crash shutdown, 57P03
+// cannot connect now) or reported a connection exception (class 08), or the
+// driver found the connection closed or the network broken. A context that
+// ended is the caller's doing, never a lost connection.
+func isConnLost(err error) bool {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	switch c := sqlState(err); {
+	case c == "57P01", c == "57P02", c == "57P03":
+		return true
+	case len(c) == 5 && c[:2] == "08":
+		return true
+	case c != "":
+		return false
+	}
+	var ne net.Error
+	if errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) {
+		return true
+	}
+	var ce *pgconn.ConnectError
+	return errors.As(err, &ce) || strings.Contains(err.Error(), "conn closed")
+}
+
+// isStorageFull: the database ran out of space (SQLite's SQLITE_FULL, the
+// primary result code 13; PostgreSQL's 53100 disk_full).
+func isStorageFull(err error) bool {
+	if sqlState(err) == "53100" {
+		return true
+	}
+	var coded interface{ Code() int }
+	return errors.As(err, &coded) && coded.Code()&0xff == 13
+}
+
+// IsStorageFull reports whether err is the database out of space
+// (ErrStorageFull, or the driver error behind it).
+func IsStorageFull(err error) bool {
+	return errors.Is(err, ErrStorageFull) || (err != nil && isStorageFull(err))
+}
+
+// IsUnavailable reports whether err is a lost database connection
+// (ErrUnavailable, or the driver error behind it).
+func IsUnavailable(err error) bool {
+	return errors.Is(err, ErrUnavailable) || (err != nil && isConnLost(err))
 }
 
 // isStatementTimeout: PostgreSQL cancelled the statement (57014: the

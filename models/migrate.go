@@ -536,6 +536,75 @@ END $$`,
 		},
 	},
 	{
+		version: 120,
+		name:    "task deadlines and progress",
+		// A job's limits (seconds) are copied onto each task at submission
+		// (a submission may set its own task_timeout): a claim computes the
+		// task's deadline_at from them on the database clock, and a progress
+		// report moves it. The sweeper finds the earliest deadline of the
+		// held tasks on the partial index: an idle sweep reads one entry.
+		// The dashboard reads the latest timeouts' audit rows by action.
+		postgres: `
+ALTER TABLE jobs ADD COLUMN task_timeout integer;
+ALTER TABLE jobs ADD COLUMN heartbeat_timeout integer;
+ALTER TABLE jobs ADD COLUMN on_timeout text NOT NULL DEFAULT 'fail';
+ALTER TABLE tasks ADD COLUMN task_timeout integer;
+ALTER TABLE tasks ADD COLUMN heartbeat_timeout integer;
+ALTER TABLE tasks ADD COLUMN deadline_at timestamptz;
+ALTER TABLE tasks ADD COLUMN progress_current double precision;
+ALTER TABLE tasks ADD COLUMN progress_total double precision;
+ALTER TABLE tasks ADD COLUMN progress_message text;
+ALTER TABLE tasks ADD COLUMN progress_at timestamptz;
+CREATE INDEX tasks_deadline_idx ON tasks (deadline_at) WHERE status IN ('claimed', 'running');
+CREATE INDEX audit_log_action_idx ON audit_log (action, seq);
+`,
+		sqlite: `
+ALTER TABLE jobs ADD COLUMN task_timeout INTEGER;
+ALTER TABLE jobs ADD COLUMN heartbeat_timeout INTEGER;
+ALTER TABLE jobs ADD COLUMN on_timeout TEXT NOT NULL DEFAULT 'fail';
+ALTER TABLE tasks ADD COLUMN task_timeout INTEGER;
+ALTER TABLE tasks ADD COLUMN heartbeat_timeout INTEGER;
+ALTER TABLE tasks ADD COLUMN deadline_at TEXT;
+ALTER TABLE tasks ADD COLUMN progress_current REAL;
+ALTER TABLE tasks ADD COLUMN progress_total REAL;
+ALTER TABLE tasks ADD COLUMN progress_message TEXT;
+ALTER TABLE tasks ADD COLUMN progress_at TEXT;
+CREATE INDEX tasks_deadline_idx ON tasks (deadline_at) WHERE status IN ('claimed', 'running');
+CREATE INDEX audit_log_action_idx ON audit_log (action, seq);
+`,
+	},
+	{
+		version: 130,
+		name:    "leadership leases",
+		// One row per leadership (the sweeper): the holder (a node run)
+		// renews it on the database clock, anyone takes it once it has
+		// expired, and the epoch moves on at each hand-over. The leader's
+		// writes carry the epoch (LeaderFence), so a leader that was paused
+		// and woke after a take-over writes nothing. A session advisory lock
+		// held leadership before: PostgreSQL keeps it for a stopped process
+		// as long as its connection lives.
+		postgres: `
+CREATE TABLE IF NOT EXISTS leases (
+	name        text PRIMARY KEY,
+	holder      text NOT NULL,
+	epoch       bigint NOT NULL,
+	acquired_at timestamptz NOT NULL,
+	renewed_at  timestamptz NOT NULL,
+	expires_at  timestamptz NOT NULL
+);
+`,
+		sqlite: `
+CREATE TABLE IF NOT EXISTS leases (
+	name        TEXT PRIMARY KEY,
+	holder      TEXT NOT NULL,
+	epoch       INTEGER NOT NULL,
+	acquired_at TEXT NOT NULL,
+	renewed_at  TEXT NOT NULL,
+	expires_at  TEXT NOT NULL
+);
+`,
+	},
+	{
 		version: 140,
 		name:    "idempotency keys of submissions",
 		// One row per (user, Idempotency-Key) a submission carried: the

@@ -20,6 +20,10 @@ type NodeLease struct {
 	Live bool
 }
 
+// Stopped reports whether the lease was ended by its node's clean stop
+// (ExpireNodeLease) rather than left to lapse.
+func (n NodeLease) Stopped() bool { return !n.RenewedAt.Before(n.ExpiresAt.Time) }
+
 // after returns an SQL expression for "database now plus d" and its argument.
 func (q *Q) after(d time.Duration) (string, any) {
 	if q.d == Postgres {
@@ -46,12 +50,15 @@ func (q *Q) AcquireNodeLease(run, nodeID, addr string, ttl time.Duration) error 
 	return nil
 }
 
-// RenewNodeLease extends this run's lease to ttl from the database's now. It
-// reports false when the lease row is gone: another node judged this one
-// dead and released its sockets.
+// RenewNodeLease extends this run's live lease to ttl from the database's
+// now. It reports false when the lease has expired by the database's clock
+// or its row is gone (another node judged this one dead and released its
+// sockets): a lapsed lease is never extended, since a surviving node may be
+// releasing its sockets at that moment; the node must treat its sockets as
+// lost and take its lease anew (AcquireNodeLease).
 func (q *Q) RenewNodeLease(run string, ttl time.Duration) (bool, error) {
 	exp, arg := q.after(ttl)
-	res := q.g.Exec("UPDATE nodes SET renewed_at = "+q.now()+", expires_at = "+exp+" WHERE run = ?", arg, run)
+	res := q.g.Exec("UPDATE nodes SET renewed_at = "+q.now()+", expires_at = "+exp+" WHERE run = ? AND expires_at > "+q.now(), arg, run)
 	if res.Error != nil {
 		return false, fmt.Errorf("renew node lease: %w", mapErr(res.Error))
 	}
@@ -59,9 +66,10 @@ func (q *Q) RenewNodeLease(run string, ttl time.Duration) (bool, error) {
 }
 
 // ExpireNodeLease ends this run's lease now (a graceful stop): the sockets it
-// held count as closed from this moment.
+// held count as closed from this moment. Its renewed_at is set to the same
+// instant, which marks the lease as ended rather than lapsed (Stopped).
 func (q *Q) ExpireNodeLease(run string) error {
-	err := q.g.Exec("UPDATE nodes SET expires_at = "+q.now()+" WHERE run = ? AND expires_at > "+q.now(), run).Error
+	err := q.g.Exec("UPDATE nodes SET expires_at = "+q.now()+", renewed_at = "+q.now()+" WHERE run = ? AND expires_at > "+q.now(), run).Error
 	if err != nil {
 		return fmt.Errorf("expire node lease: %w", mapErr(err))
 	}
@@ -83,10 +91,12 @@ func (q *Q) LapsedNodes(grace time.Duration, limit int) ([]NodeLease, error) {
 }
 
 // DeleteLapsedNode removes a node run's lease row if it is still lapsed by
-// more than grace (it was not renewed meanwhile).
-func (q *Q) DeleteLapsedNode(run string, grace time.Duration) (bool, error) {
+// more than grace (it was not renewed meanwhile). lead fences it to the
+// sweeper leader (zero: unfenced).
+func (q *Q) DeleteLapsedNode(run string, grace time.Duration, lead LeaderFence) (bool, error) {
 	expr, arg := q.before(grace)
-	res := q.g.Exec("DELETE FROM nodes WHERE run = ? AND expires_at < "+expr, run, arg)
+	where, args := q.andLeader("run = ? AND expires_at < "+expr, []any{run, arg}, lead)
+	res := q.g.Exec("DELETE FROM nodes WHERE "+where, args...)
 	if res.Error != nil {
 		return false, fmt.Errorf("delete lapsed node: %w", mapErr(res.Error))
 	}

@@ -223,6 +223,12 @@ func TestPlansAtScale(t *testing.T) {
 		if rows-pageRows > 1.1*pending || seq > pageSeq {
 			t.Errorf("the positions of a page of 50 %s read %.0f task rows beyond the page's own %.0f (%d seq scans):\n%s", stats, rows-pageRows, pageRows, seq, p)
 		}
+		// The idle sweep's deadline read: the first entry of the partial
+		// index, not a walk over the held or finished tasks.
+		p = explain(t, db, models.EarliestDeadlineSQL)
+		if rows, sorts, seq := tasksRead(p); rows > 2 || sorts > 0 || seq > 0 {
+			t.Errorf("the earliest deadline %s reads %.0f task rows (%d sorts, %d seq scans):\n%s", stats, rows, sorts, seq, p)
+		}
 		// One task's position: a count up to it over the index.
 		p = explain(t, db, strings.Replace(models.TaskSelectSQL+"WHERE t.id = ?", "?", "$1", 1), last)
 		rows, sorts, seq := tasksRead(p)

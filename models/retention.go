@@ -27,7 +27,7 @@ func finishedStatus(status string) (string, error) {
 // whatever their timestamps. On PostgreSQL the batch skips rows another
 // transaction holds and locks the ones it deletes, so a task retried (back
 // to pending) at the same moment is kept.
-func (q *Q) PruneTasks(status string, age time.Duration, limit int) (int64, error) {
+func (q *Q) PruneTasks(status string, age time.Duration, limit int, lead LeaderFence) (int64, error) {
 	lit, err := finishedStatus(status)
 	if err != nil {
 		return 0, err
@@ -38,6 +38,7 @@ func (q *Q) PruneTasks(status string, age time.Duration, limit int) (int64, erro
 	limit = max(1, min(limit, MaxPruneBatch))
 	cutoff, arg := q.before(age) // the database's clock, never the process's
 	cond := "status = " + lit + " AND completed_at < " + cutoff
+	cond, cargs := q.andLeader(cond, []any{arg}, lead)
 	var sql string
 	var args []any
 	if q.d == Postgres {
@@ -45,9 +46,9 @@ func (q *Q) PruneTasks(status string, age time.Duration, limit int) (int64, erro
 		// planner may rescan the LIMITed subquery per row and delete far
 		// more than the batch. FOR UPDATE re-checks status and age on the
 		// newest row version, so a task retried meanwhile is not chosen.
-		sql, args = "WITH batch AS MATERIALIZED (SELECT id FROM tasks WHERE "+cond+" ORDER BY completed_at LIMIT ? FOR UPDATE SKIP LOCKED) DELETE FROM tasks t USING batch b WHERE t.id = b.id", []any{arg, limit}
+		sql, args = "WITH batch AS MATERIALIZED (SELECT id FROM tasks WHERE "+cond+" ORDER BY completed_at LIMIT ? FOR UPDATE SKIP LOCKED) DELETE FROM tasks t USING batch b WHERE t.id = b.id", append(cargs, limit)
 	} else {
-		sql, args = "DELETE FROM tasks WHERE seq IN (SELECT seq FROM tasks WHERE "+cond+" ORDER BY completed_at LIMIT ?)", []any{arg, limit}
+		sql, args = "DELETE FROM tasks WHERE seq IN (SELECT seq FROM tasks WHERE "+cond+" ORDER BY completed_at LIMIT ?)", append(cargs, limit)
 	}
 	r := q.g.Exec(sql, args...)
 	if r.Error != nil {

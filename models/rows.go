@@ -44,6 +44,12 @@ type Job struct {
 	// policy is theirs to change.
 	CreatedByID *uuid.UUID
 	CreatedAt   Time
+	// TaskTimeout and HeartbeatTimeout are the job's task limits in
+	// seconds (nil: none); OnTimeout is what a task past one becomes:
+	// "fail" or "requeue" (while MaxAttempts allows).
+	TaskTimeout      *int
+	HeartbeatTimeout *int
+	OnTimeout        string
 }
 
 // FullName is room:category:name.
@@ -76,6 +82,20 @@ type Task struct {
 	OnWorkerLoss  *string
 	MaxAttempts   *int
 	QueuePosition *int64
+
+	// The task's limits in seconds (copied from its job at submission; a
+	// submission may set its own TaskTimeout), and the deadline a claim
+	// and each progress report compute from them on the database clock.
+	TaskTimeout      *int
+	HeartbeatTimeout *int
+	DeadlineAt       Time
+	// The last progress its worker reported, and when (database clock).
+	ProgressCurrent *float64
+	ProgressTotal   *float64
+	ProgressMessage *string
+	ProgressAt      Time
+	// OnTimeout is the job's timeout policy (joined like OnWorkerLoss).
+	OnTimeout *string
 }
 
 // JobFullName is the job's full name, or "" when the job row is missing.

@@ -10,7 +10,8 @@ import (
 // taskCols are a task's columns and what the API shows of its job.
 const taskCols = `t.id, t.seq, t.job_id, t.worker_id, t.lost_worker_id, t.room_id, t.created_by_id, t.payload, t.status, t.attempt,
  t.created_at, t.claimed_at, t.started_at, t.completed_at, t.error, t.result,
- j.room_id AS job_room, j.category AS job_category, j.name AS job_name, j.on_worker_loss, j.max_attempts`
+ j.room_id AS job_room, j.category AS job_category, j.name AS job_name, j.on_worker_loss, j.max_attempts,
+ t.task_timeout, t.heartbeat_timeout, t.deadline_at, t.progress_current, t.progress_total, t.progress_message, t.progress_at, j.on_timeout`
 
 // taskSelect reads single tasks: a pending task's queue position is a count
 // over the (job_id, status, seq) index up to it, linear in the position.
@@ -35,8 +36,15 @@ func tasksSelect(cond, tail string) string {
 
 // InsertTask creates a task with the given status and returns it as the API shows it.
 func (q *Q) InsertTask(id, jobID uuid.UUID, roomID string, createdBy *uuid.UUID, payload, status string) (Task, error) {
-	err := q.g.Exec("INSERT INTO tasks (id, job_id, room_id, created_by_id, payload, status, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, "+q.now()+", "+q.now()+")",
-		id, jobID, roomID, createdBy, payload, status).Error
+	return q.InsertTaskTimeout(id, jobID, roomID, createdBy, payload, status, nil)
+}
+
+// InsertTaskTimeout is InsertTask with the task's own task_timeout in
+// seconds (nil: the job's). The task takes its job's limits.
+func (q *Q) InsertTaskTimeout(id, jobID uuid.UUID, roomID string, createdBy *uuid.UUID, payload, status string, timeout *int) (Task, error) {
+	err := q.g.Exec("INSERT INTO tasks (id, job_id, room_id, created_by_id, payload, status, created_at, updated_at, task_timeout, heartbeat_timeout)"+
+		" SELECT ?, j.id, ?, ?, ?, ?, "+q.now()+", "+q.now()+", COALESCE(?, j.task_timeout), j.heartbeat_timeout FROM jobs j WHERE j.id = ?",
+		id, roomID, createdBy, payload, status, timeout, jobID).Error
 	if err != nil {
 		return Task{}, fmt.Errorf("insert task: %w", mapErr(err))
 	}
@@ -112,6 +120,9 @@ func (q *Q) ListTasks(f TaskFilter, p Page) ([]Task, int64, error) {
 	return ts, total, nil
 }
 
+// noProgress clears a task's progress: a claim starts a new attempt.
+const noProgress = "progress_current = NULL, progress_total = NULL, progress_message = NULL, progress_at = NULL"
+
 // ClaimTask is ClaimTasks for one task; ok is false when nothing is claimable.
 func (q *Q) ClaimTask(workerID uuid.UUID) (Task, bool, error) {
 	ts, err := q.ClaimTasks(workerID, 1, false)
@@ -138,7 +149,7 @@ func (q *Q) ClaimTasks(workerID uuid.UUID, limit int, start bool) ([]Task, error
 		to = "status = 'running', started_at = " + q.now()
 	}
 	var ids []uuid.UUID
-	err := q.g.Raw("UPDATE tasks SET "+to+", worker_id = ?, attempt = attempt + 1, claimed_at = "+q.now()+", updated_at = "+q.now()+
+	err := q.g.Raw("UPDATE tasks SET "+to+", worker_id = ?, attempt = attempt + 1, claimed_at = "+q.now()+", updated_at = "+q.now()+", deadline_at = "+q.claimDeadline()+", "+noProgress+
 		" WHERE id IN (SELECT t.id FROM tasks t WHERE t.status = 'pending' AND t.job_id IN"+
 		" (SELECT l.job_id FROM worker_job_links l JOIN jobs j ON j.id = l.job_id WHERE l.worker_id = ? AND j.room_id <> '@internal')"+
 		" ORDER BY t.seq LIMIT ?"+lock+") RETURNING id", workerID, workerID, limit).Scan(&ids).Error
@@ -150,7 +161,8 @@ func (q *Q) ClaimTasks(workerID uuid.UUID, limit int, start bool) ([]Task, error
 
 // TransitionTask moves a task from one status to another if it is still in
 // from; it sets started_at on running and completed_at (and errMsg, when not
-// empty) on terminal statuses. ok is false if the task was no longer in from.
+// empty) on terminal statuses. ok is false if the task was no longer in from,
+// or (for any change but a cancellation) is past its deadline.
 func (q *Q) TransitionTask(id uuid.UUID, from, to string, workerID *uuid.UUID, errMsg *string) (bool, error) {
 	set := []string{"status = ?", "updated_at = " + q.now()}
 	args := []any{to}
@@ -171,7 +183,11 @@ func (q *Q) TransitionTask(id uuid.UUID, from, to string, workerID *uuid.UUID, e
 		}
 	}
 	args = append(args, id, from)
-	res := q.g.Exec("UPDATE tasks SET "+strings.Join(set, ", ")+" WHERE id = ? AND status = ?", args...)
+	fence := ""
+	if to != StatusCancelled {
+		fence = " AND " + q.beforeDeadline()
+	}
+	res := q.g.Exec("UPDATE tasks SET "+strings.Join(set, ", ")+" WHERE id = ? AND status = ?"+fence, args...)
 	if res.Error != nil {
 		return false, fmt.Errorf("update task status: %w", mapErr(res.Error))
 	}

@@ -64,6 +64,14 @@ func (q *Q) CountUsers() (int64, error) {
 	return n, mapErr(err)
 }
 
+// CountSuperusers counts the active superusers, leaving out those whose
+// name starts with except (the CLI's operator users).
+func (q *Q) CountSuperusers(except string) (int64, error) {
+	var n int64
+	err := q.g.Raw("SELECT count(*) FROM users WHERE is_superuser = ? AND is_active = ? AND substr(name, 1, ?) <> ?", true, true, len(except), except).Scan(&n).Error
+	return n, mapErr(err)
+}
+
 // APIToken is an API token's record (never the token itself: only its hash
 // is stored), with the name of the user it belongs to.
 type APIToken struct {

@@ -69,13 +69,30 @@ func (q *Q) TouchWorker(id uuid.UUID) (Worker, error) {
 	return ws[0], nil
 }
 
-// TouchWorkers refreshes the heartbeat of many workers in one statement and
-// returns how many rows it touched.
-func (q *Q) TouchWorkers(ids []uuid.UUID) (int64, error) {
+// ExistingWorkers returns which of ids are workers.
+func (q *Q) ExistingWorkers(ids []uuid.UUID) ([]uuid.UUID, error) {
+	out := []uuid.UUID{}
+	if len(ids) == 0 {
+		return out, nil
+	}
+	if err := q.g.Raw("SELECT id FROM workers WHERE id IN ?", ids).Scan(&out).Error; err != nil {
+		return nil, fmt.Errorf("existing workers: %w", mapErr(err))
+	}
+	return out, nil
+}
+
+// TouchWorkers refreshes the heartbeat of many workers whose sockets node
+// run holds, in one statement, and returns how many rows it touched. It is
+// fenced by the run's lease: a worker bound to another run since, or any
+// worker once the run's lease has lapsed by the database's clock (the node
+// stalled; a survivor may be releasing its sockets), is left alone. (A run
+// whose row is gone was reaped: its workers were cleaned with it.)
+func (q *Q) TouchWorkers(ids []uuid.UUID, run string) (int64, error) {
 	if len(ids) == 0 {
 		return 0, nil
 	}
-	res := q.g.Exec("UPDATE workers SET last_heartbeat = "+q.now()+" WHERE id IN ?", ids)
+	res := q.g.Exec("UPDATE workers SET last_heartbeat = "+q.now()+" WHERE id IN ? AND node_run = ?"+
+		" AND NOT EXISTS (SELECT 1 FROM nodes n WHERE n.run = ? AND n.expires_at <= "+q.now()+")", ids, run, run)
 	return res.RowsAffected, mapErr(res.Error)
 }
 

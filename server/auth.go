@@ -7,15 +7,21 @@ import (
 	"crypto/sha512"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash"
 	"net/http"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/zndraw/joblib/internal/clientaddr"
+	"github.com/zndraw/joblib/internal/limits"
+	"github.com/zndraw/joblib/internal/lru"
+	"github.com/zndraw/joblib/internal/ratelimit"
 	"github.com/zndraw/joblib/joblib"
 )
 
@@ -36,6 +42,10 @@ type authenticator struct {
 	jwt   jwtConfig
 	now   func() time.Time
 	cache authCache
+	// failures is each client address's budget of credentials looked up
+	// and refused (Config.AuthFailureRate).
+	failures *ratelimit.Limiter[string]
+	lookups  atomic.Int64 // credentials resolved (not answered by a cache)
 }
 
 // jwtConfig is how JWTs are verified.
@@ -61,18 +71,28 @@ type authCache struct {
 	ttl time.Duration
 	mu  sync.Mutex
 	m   map[string]authEntry
+	// refused are credentials looked up and refused, for the TTL: asking
+	// again with the same bad token costs no lookup.
+	refused *lru.Cache[string, authRefusal]
+}
+
+type authRefusal struct {
+	err error
+	at  time.Time
 }
 
 type authEntry struct {
-	p   joblib.Principal
-	exp time.Time
+	p  joblib.Principal
+	at time.Time // when the database (or the JWT) said so
 }
 
-func (c *authCache) get(key string, now time.Time) (joblib.Principal, bool) {
+// get returns a cached principal resolved less than maxAge (at most the
+// TTL) ago.
+func (c *authCache) get(key string, now time.Time, maxAge time.Duration) (joblib.Principal, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, ok := c.m[key]
-	if !ok || now.After(e.exp) {
+	if !ok || now.Sub(e.at) >= min(maxAge, c.ttl) {
 		return joblib.Principal{}, false
 	}
 	return e.p, true
@@ -87,7 +107,33 @@ func (c *authCache) put(key string, p joblib.Principal, now time.Time) {
 	if c.m == nil || len(c.m) >= authCacheMax {
 		c.m = make(map[string]authEntry)
 	}
-	c.m[key] = authEntry{p: p, exp: now.Add(c.ttl)}
+	c.m[key] = authEntry{p: p, at: now}
+}
+
+// refusal returns why a credential was refused less than the TTL ago.
+func (c *authCache) refusal(key string, now time.Time) (error, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.refused == nil {
+		return nil, false
+	}
+	r, ok := c.refused.Get(key)
+	if !ok || now.Sub(r.at) >= c.ttl {
+		return nil, false
+	}
+	return r.err, true
+}
+
+func (c *authCache) refuse(key string, err error, now time.Time) {
+	if c.ttl <= 0 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.refused == nil {
+		c.refused = lru.New[string, authRefusal](authCacheMax)
+	}
+	c.refused.Put(key, authRefusal{err: err, at: now})
 }
 
 // tokenFrom extracts a bearer token from the Authorization header or the cookie.
@@ -108,16 +154,47 @@ func tokenFrom(r *http.Request) string {
 // authenticate resolves a raw token. Unknown, malformed or expired
 // credentials are joblib.ErrUnauthorized (a *joblib.AuthError names why).
 func (a *authenticator) authenticate(ctx context.Context, token string) (joblib.Principal, error) {
+	return a.authenticateFresh(ctx, token, a.cache.ttl)
+}
+
+// authenticateFresh is authenticate reusing only a resolution younger than
+// maxAge: the sockets' re-check uses it to close a revoked token's sockets
+// within the TTL, not within a tick plus the TTL.
+//
+// A credential refused is remembered for the TTL. The refusals of lookups
+// are charged to the client address ctx carries (clientaddr.FromContext): once its
+// budget is spent, a credential that is not cached answers 429 without a
+// lookup, so made-up tokens cannot turn into a database query each.
+func (a *authenticator) authenticateFresh(ctx context.Context, token string, maxAge time.Duration) (joblib.Principal, error) {
 	if token == "" {
 		return joblib.Principal{}, joblib.ErrUnauthorized
 	}
 	key := joblib.HashToken(token)
-	if p, ok := a.cache.get(key, a.now()); ok {
+	now := a.now()
+	if p, ok := a.cache.get(key, now, maxAge); ok {
 		return p, nil
 	}
+	if err, ok := a.cache.refusal(key, now); ok {
+		return joblib.Principal{}, err
+	}
+	addr := clientaddr.FromContext(ctx)
+	budgeted := addr != ""
+	if budgeted {
+		if ok, wait := a.failures.Ready(addr); !ok {
+			return joblib.Principal{}, &joblib.Error{Code: joblib.CodeRateLimited, Limit: limits.AuthFailures, RetryAfter: wait,
+				Detail: "too many refused credentials from this address; retry after the time in Retry-After"}
+		}
+	}
+	a.lookups.Add(1)
 	p, err := a.resolve(ctx, token)
-	if err == nil {
+	switch {
+	case err == nil:
 		a.cache.put(key, p, a.now())
+	case errors.Is(err, joblib.ErrUnauthorized):
+		a.cache.refuse(key, err, a.now())
+		if budgeted {
+			a.failures.Allow(addr)
+		}
 	}
 	return p, err
 }

@@ -6,6 +6,7 @@ import (
 	"crypto/sha512"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -287,5 +288,48 @@ func TestRevocationEndsSockets(t *testing.T) {
 			t.Fatalf("%d sockets, want bob's only", n)
 		}
 		b.mustCall("join_room", map[string]any{"room_id": "r2"})
+	})
+}
+
+// Finding 6 of the security pass: a revoked token's socket closed up to twice
+// the credential cache TTL after the revocation (a re-check every TTL trusted
+// answers up to TTL old). Sockets revoked at every phase of the re-check
+// close within the TTL plus a second.
+func TestRevocationClosesSocketsWithinTTL(t *testing.T) {
+	t.Parallel()
+	const ttl = 2 * time.Second
+	const users = 8
+	cfg := server.DefaultConfig()
+	cfg.CredentialCacheTTL = ttl
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		e := setup(t, db, withServer(cfg), withRealtime(realtimeCfg()))
+		ctx := context.Background()
+		socks := make([]*sioClient, users)
+		revoked := make([]time.Time, users)
+		start := time.Now()
+		for i := range users {
+			name := fmt.Sprintf("carol%d", i)
+			tok, _, err := e.svc.CreateToken(ctx, name, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Spread over one TTL, so that some revocation falls just
+			// after whatever re-check would trust the cached answer.
+			time.Sleep(time.Until(start.Add(time.Duration(i) * ttl / users)))
+			socks[i] = mustDialSIO(t, e.url, tok) // the credential is cached now
+			if _, err := e.svc.RevokeUserTokens(ctx, name, "cli:test"); err != nil {
+				t.Fatal(err)
+			}
+			revoked[i] = time.Now()
+		}
+		var worst time.Duration
+		for i, c := range socks {
+			d := c.waitClosed(2*ttl + 5*time.Second).Sub(revoked[i])
+			worst = max(worst, d)
+		}
+		if worst > ttl+time.Second {
+			t.Fatalf("a revoked token's socket closed %s after the revocation; the bound is the TTL (%s) + 1s", worst, ttl)
+		}
+		t.Logf("slowest close %s after revocation (TTL %s)", worst, ttl)
 	})
 }

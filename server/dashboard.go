@@ -315,6 +315,7 @@ func (s *Server) routesDashboard(write func(http.HandlerFunc) http.HandlerFunc) 
 	m.HandleFunc("POST "+prefix+"/dashboard/tasks/{id}/retry", write(s.dashboardAction(actionRetry)))
 	m.HandleFunc("POST "+prefix+"/dashboard/tasks/{id}/cancel", write(s.dashboardAction(actionCancel)))
 	m.HandleFunc("DELETE "+prefix+"/dashboard/workers/{id}", write(s.dashboardAction(actionDeleteWorker)))
+	m.HandleFunc("POST "+prefix+"/dashboard/sweep", write(s.dashboardSweep))
 	ui := web.Handler()
 	m.Handle("GET /ui/", http.StripPrefix("/ui", ui))
 	m.HandleFunc("GET /ui", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/ui/", http.StatusMovedPermanently) })
@@ -375,7 +376,7 @@ func (s *Server) dashboardAction(kind dashboardActionKind) http.HandlerFunc {
 		if !ok {
 			return
 		}
-		actor := "dashboard:" + p.Name
+		actor := operatorActor(p)
 		var out any
 		var err error
 		switch kind {

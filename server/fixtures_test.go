@@ -181,6 +181,10 @@ var taskStatusFields = []string{"id", "name", "room_id", "status", "created_at",
 // taskFields are the fields of the contract's TaskResponse.
 var taskFields = []string{"id", "job_name", "room_id", "status", "created_at", "started_at", "completed_at", "worker_id", "error", "payload", "queue_position"}
 
+// taskFieldsBeyond are the fields joblib adds to a task (optional for the
+// contract's clients).
+var taskFieldsBeyond = []string{"attempt", "result", "task_timeout", "heartbeat_timeout", "deadline_at", "progress", "progress_at"}
+
 func stringsReader(s string) io.Reader { return strings.NewReader(s) }
 
 func decodeJSON(r io.Reader, v any) error { return json.NewDecoder(r).Decode(v) }

@@ -239,10 +239,29 @@ func TestInternalQueueFull(t *testing.T) {
 		if done := e.awaitTask(first); done["status"] != "completed" {
 			t.Fatalf("first task %v", done)
 		}
-		// the executor is free again; the cancelled task was skipped
-		next := e.submit(e.alice, "lab", "@internal:modifiers:Block", nil)
-		if got := <-ran; got != next {
-			t.Fatalf("ran %s, want %s (the cancelled task must not run)", got, next)
+		// The executor is free again once it has taken the cancelled task
+		// off its queue and skipped it. The task's completion is stored
+		// before the executor dequeues, so a submission right after it may
+		// still meet the full queue (and be failed at once): submit until
+		// one is dispatched, within a bound.
+		var next string
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			m := e.do(e.alice, "POST", api+"/rooms/lab/tasks/@internal:modifiers:Block", map[string]any{"payload": map[string]any{}}).want(202).M()
+			if m["status"] != "failed" {
+				next = m["id"].(string)
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the executor never took a task again: %v", m)
+			}
+		}
+		select {
+		case got := <-ran:
+			if got != next {
+				t.Fatalf("ran %s, want %s (the cancelled task must not run)", got, next)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the dispatched task never ran")
 		}
 		e.awaitTask(next)
 		if m := e.do(e.alice, "GET", api+"/tasks/"+queued, nil).want(200).M(); m["status"] != "cancelled" || m["started_at"] != nil {

@@ -146,6 +146,7 @@ func TestBusGapInvalidatesAndWakes(t *testing.T) {
 	if _, err := dbA.Pool.Exec(ctx, "SELECT pg_terminate_backend($1)", busB.ListenerPID()); err != nil {
 		t.Fatal(err)
 	}
+	killed := time.Now()
 	a.patch(a.alice, id, "completed").want(200)
 	completed := time.Now()
 	select {
@@ -162,6 +163,7 @@ func TestBusGapInvalidatesAndWakes(t *testing.T) {
 	for _, ev := range []string{"jobs_invalidate", "providers_invalidate", "tasks_invalidate"} {
 		ui.waitEvent(ev, 5*time.Second, func(map[string]any) bool { return true })
 	}
+	t.Logf("LISTEN connection terminated -> UI invalidated (delivery resumed) in %s", time.Since(killed).Round(time.Millisecond))
 	if got := testCounter(t, m.BusGaps.WithLabelValues(events.GapReconnect)); got < 1 {
 		t.Fatalf("joblib_bus_gaps_total{reason=reconnect} = %v", got)
 	}
@@ -171,21 +173,7 @@ func TestBusGapInvalidatesAndWakes(t *testing.T) {
 // and starts its NOTIFY bus; both are closed when the test ends.
 func pgNode(t *testing.T, url, name string) (*models.DB, *events.PGBus) {
 	t.Helper()
-	ctx := context.Background()
-	db, err := models.Open(ctx, url, models.OpenOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	if _, err := db.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	bus := events.NewPGBus(db.Pool, name, nil)
-	if err := bus.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(bus.Stop)
-	return db, bus
+	return dbtest.Node(t, url, name)
 }
 
 // TestTwoNodesDeliverInCommitOrder: submits on one node racing claims and

@@ -42,6 +42,8 @@ var problemStatus = map[joblib.Code]int{
 	joblib.CodeUnauthorized:             http.StatusUnauthorized,
 	joblib.CodeRateLimited:              http.StatusTooManyRequests,
 	joblib.CodeStatementTimeout:         http.StatusServiceUnavailable,
+	joblib.CodeDatabaseUnavailable:      http.StatusServiceUnavailable,
+	joblib.CodeStorageFull:              http.StatusServiceUnavailable,
 	joblib.CodePolicyConflict:           http.StatusConflict,
 	joblib.CodeQuotaExceeded:            http.StatusTooManyRequests,
 	joblib.CodeIdempotencyKeyReused:     http.StatusUnprocessableEntity,
@@ -63,7 +65,11 @@ func writeProblem(w http.ResponseWriter, p Problem) {
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(p.Status)
-	_ = json.NewEncoder(w).Encode(p)
+	// A problem is JSON for programs and people, not HTML: "<token>" and
+	// "> threshold" stay readable.
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(p)
 }
 
 // fail answers err: a joblib.Error with its problem, anything else as a 500
@@ -102,6 +108,20 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	if errors.Is(context.Cause(r.Context()), errDBBudget) || (models.IsTimeout(err) && r.Context().Err() == nil) {
 		s.fail(w, r, &joblib.Error{Code: joblib.CodeStatementTimeout, Limit: limits.StatementTimeout, RetryAfter: 5 * time.Second,
 			Detail: "the request's database work took longer than its budget and was cancelled; narrow the request or retry later"})
+		return
+	}
+	if models.IsStorageFull(err) {
+		s.log.LogAttrs(r.Context(), slog.LevelError, "the database is out of space: writes refused until space is freed",
+			slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Any("err", err))
+		s.fail(w, r, &joblib.Error{Code: joblib.CodeStorageFull, RetryAfter: 10 * time.Second,
+			Detail: "the database is out of space; nothing of this request was stored; retry later"})
+		return
+	}
+	if models.IsUnavailable(err) && r.Context().Err() == nil {
+		s.log.LogAttrs(r.Context(), slog.LevelWarn, "database connection lost under a request",
+			slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Any("err", err))
+		s.fail(w, r, &joblib.Error{Code: joblib.CodeDatabaseUnavailable, RetryAfter: time.Second,
+			Detail: "the database connection was lost; retry the request"})
 		return
 	}
 	if models.IsInvalidData(err) {

@@ -1,11 +1,13 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"strings"
 	"sync"
@@ -14,6 +16,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/zndraw/joblib/events"
+	"github.com/zndraw/joblib/internal/clientaddr"
 	"github.com/zndraw/joblib/joblib"
 	"github.com/zndraw/joblib/models"
 	"github.com/zndraw/joblib/server/sio"
@@ -111,7 +114,7 @@ type Realtime struct {
 
 	mu     sync.Mutex
 	bound  map[uuid.UUID]*sio.Socket // worker -> its socket on this node
-	authed map[*sio.Socket]struct{}  // sockets that connected with a credential
+	socks  map[*sio.Socket]struct{}  // connected sockets, re-checked on every credential tick
 	graces map[uuid.UUID]*time.Timer // worker -> pending disconnect cleanup
 	closed bool
 
@@ -129,6 +132,41 @@ type connState struct {
 	anon    bool   // connected without credentials under PublicReads: rooms only
 	mu      sync.Mutex
 	workers map[uuid.UUID]int64 // worker -> session epoch of this binding
+	// gates are the socket's rooms that the room authorization host
+	// granted, by Socket.IO room: each is asked again on every tick.
+	gates map[string]roomGate
+}
+
+// roomGate is what the host was asked for a socket's room, and how the
+// room_left event names the room.
+type roomGate struct {
+	room   string // the host's room
+	access string
+	// job or provider: the full name a worker joined the room of.
+	job, provider string
+}
+
+// gate records a room granted by the host (nothing without room auth).
+func (st *connState) gate(sioRoom string, g roomGate) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.gates == nil {
+		st.gates = map[string]roomGate{}
+	}
+	st.gates[sioRoom] = g
+}
+
+// gateJoined records g for a join that succeeded after the host was asked.
+func (st *connState) gateJoined(res ack, sioRoom string, g roomGate) {
+	if res.OK && g.room != "" {
+		st.gate(sioRoom, g)
+	}
+}
+
+func (st *connState) ungate(sioRoom string) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	delete(st.gates, sioRoom)
 }
 
 // NewRealtime builds the Socket.IO endpoint; mount it with Server.Handle at
@@ -138,7 +176,7 @@ func (s *Server) NewRealtime(cfg RealtimeConfig, log *slog.Logger) *Realtime {
 		log = slog.New(slog.DiscardHandler)
 	}
 	if cfg.KeepAliveInterval <= 0 {
-		cfg.KeepAliveInterval = min(10*time.Second, s.svc.Settings().WorkerTimeout/3)
+		cfg.KeepAliveInterval = KeepAliveInterval(cfg, s.svc.Settings().WorkerTimeout)
 	}
 	if len(cfg.AllowedOrigins) == 0 {
 		cfg.AllowedOrigins = s.cfg.AllowedOrigins
@@ -146,7 +184,7 @@ func (s *Server) NewRealtime(cfg RealtimeConfig, log *slog.Logger) *Realtime {
 	ctx, cancel := context.WithCancel(context.Background())
 	rt := &Realtime{
 		svc: s.svc, auth: s.auth, rooms: s.rooms, publicReads: s.cfg.PublicReads, cfg: cfg, log: log,
-		bound: map[uuid.UUID]*sio.Socket{}, graces: map[uuid.UUID]*time.Timer{}, authed: map[*sio.Socket]struct{}{},
+		bound: map[uuid.UUID]*sio.Socket{}, graces: map[uuid.UUID]*time.Timer{}, socks: map[*sio.Socket]struct{}{},
 		stop: make(chan struct{}), ctx: ctx, cancel: cancel,
 		disconnects: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "joblib_socket_disconnects_total",
@@ -182,11 +220,14 @@ func (s *Server) NewRealtime(cfg RealtimeConfig, log *slog.Logger) *Realtime {
 			// A recovered socket gets its UI rooms back; a worker's rooms
 			// come with its binding, which only a join makes.
 			KeepRoom: func(room string) bool { return strings.HasPrefix(room, events.Room("")) },
+			// ... once the host has been asked again.
+			Admit: rt.admitRooms,
 		},
 	}, rt)
+	s.keepAlive.Store(int64(cfg.KeepAliveInterval))
 	rt.dash = newDashHub(rt)
 	rt.startDashboard(s)
-	rt.fwd = newForwarder(s.svc, func(sid string) bool { return rt.io.Engine().Lookup(sid) != nil }, rt.io, log)
+	rt.fwd = newForwarder(s.svc, func(sid string) bool { return rt.io.Engine().Lookup(sid) != nil }, rt.io, log, s.rejections.Inc)
 	return rt
 }
 
@@ -197,18 +238,23 @@ func (rt *Realtime) ServeHTTP(w http.ResponseWriter, r *http.Request) { rt.fwd.S
 // Forwarded is the number of socket requests forwarded to other nodes.
 func (rt *Realtime) Forwarded() int64 { return rt.fwd.forwarded.Load() }
 
+// NodeLookups is the number of node runs looked up in the database to
+// forward socket requests.
+func (rt *Realtime) NodeLookups() int64 { return rt.fwd.looked.Load() }
+
 // IO exposes the Socket.IO server (room sizes, socket counts).
 func (rt *Realtime) IO() *sio.Server { return rt.io }
 
 // Start subscribes to the bus and starts the keep-alive loop.
 func (rt *Realtime) Start() {
 	rt.unsub = rt.svc.Bus().Subscribe(rt.deliver)
+	rt.svc.OnCleanup(rt.closeRemoved)
 	if m, ok := rt.svc.Bus().(events.Monitored); ok {
 		m.Monitor().OnGap(func(events.Gap) {
 			// What this node records to replay has a hole now: no
 			// session may be recovered from an offset before it.
 			rt.io.Namespace("/").ResetHistory()
-			rt.invalidateAll()
+			rt.invalidateAll("event bus gap")
 		})
 	}
 	rt.wg.Go(rt.keepAlive)
@@ -216,7 +262,7 @@ func (rt *Realtime) Start() {
 	if rt.cfg.RecoveryWindow > 0 {
 		rt.wg.Go(rt.purgeRecovery)
 	}
-	rt.wg.Go(rt.recheckCredentials)
+	rt.wg.Go(rt.recheck)
 }
 
 // Shutdown closes every connection and stops the loops. Pending disconnect
@@ -243,6 +289,20 @@ func (rt *Realtime) Shutdown(ctx context.Context) error {
 	rt.cancel()
 	rt.wg.Wait()
 	return err
+}
+
+// LeaseLost is what this node does when it finds its lease lapsed (it
+// stalled longer than the lease, or another node judged it dead): it closes
+// every worker socket, so that the workers re-join (re-registering if they
+// were reaped) and get a fresh binding, and tells every UI room to refetch,
+// with no recovery from an offset before now (the events of the stall are
+// another node's to tell). Log and return the number of sockets closed.
+func (rt *Realtime) LeaseLost() int {
+	n := rt.DropWorkerSockets()
+	rt.io.Namespace("/").ResetHistory()
+	rt.invalidateAll("node lease lost")
+	rt.log.Warn("node lease lost: worker sockets closed", "worker_sockets", n)
+	return n
 }
 
 // DropWorkerSockets closes every socket that holds a worker on this node, so
@@ -303,9 +363,9 @@ func rejectAck(limit string) []any {
 }
 
 // invalidateAll tells every UI room on this node to refetch: events of
-// other nodes were lost (a bus gap), so its job, provider and task views
-// may be stale.
-func (rt *Realtime) invalidateAll() {
+// other nodes were lost (a bus gap) or this node stalled, so its job,
+// provider and task views may be stale.
+func (rt *Realtime) invalidateAll(why string) {
 	rt.mu.Lock()
 	closed := rt.closed
 	rt.mu.Unlock()
@@ -322,7 +382,7 @@ func (rt *Realtime) invalidateAll() {
 		}
 		n++
 	}
-	rt.log.Warn("event bus gap: UI rooms told to refetch", "rooms", n)
+	rt.log.Warn(why+": UI rooms told to refetch", "rooms", n)
 }
 
 // connectError is a CONNECT refusal.
@@ -341,21 +401,27 @@ func (rt *Realtime) OnConnect(ctx context.Context, s *sio.Socket, req *http.Requ
 	}
 	if token == "" && rt.publicReads {
 		s.SetData(&connState{anon: true, workers: map[uuid.UUID]int64{}})
+		rt.mu.Lock()
+		rt.socks[s] = struct{}{}
+		rt.mu.Unlock()
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, 800*time.Millisecond)
 	defer cancel()
-	p, err := rt.auth.authenticate(ctx, token)
+	p, err := rt.auth.authenticate(clientaddr.NewContext(ctx, s.RemoteAddr()), token)
 	if err != nil {
 		if errors.Is(err, joblib.ErrUnauthorized) {
 			return connectError{"Unauthorized"}
+		}
+		if e, ok := joblib.AsError(err); ok && e.Code == joblib.CodeRateLimited {
+			return connectError{"Too many refused credentials from this address"}
 		}
 		rt.log.Error("authenticate socket", "err", err)
 		return connectError{"Authentication unavailable"}
 	}
 	s.SetData(&connState{p: p, token: token, workers: map[uuid.UUID]int64{}})
 	rt.mu.Lock()
-	rt.authed[s] = struct{}{}
+	rt.socks[s] = struct{}{}
 	rt.mu.Unlock()
 	return nil
 }
@@ -409,6 +475,11 @@ func (rt *Realtime) OnEvent(ctx context.Context, s *sio.Socket, ev sio.Event, re
 func (rt *Realtime) handle(ctx context.Context, s *sio.Socket, st *connState, ev sio.Event) ack {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
+	// After a stall this node acts for nobody until its lease is known
+	// valid again; if it lapsed, this socket is being dropped.
+	if err := rt.svc.AwaitNodeLease(ctx); err != nil {
+		return ack{Status: 503, Detail: "This node is checking its lease after a stall; reconnect and retry"}
+	}
 	var body struct {
 		JobName      *string `json:"job_name"`
 		ProviderName *string `json:"provider_name"`
@@ -432,14 +503,18 @@ func (rt *Realtime) handle(ctx context.Context, s *sio.Socket, st *connState, ev
 		room := events.JobRoom(*body.JobName)
 		if ev.Name == "leave_job_room" {
 			s.Leave(room)
+			st.ungate(room)
 			return ack{OK: true}
 		}
-		return rt.joinAsWorker(ctx, s, st, *body.WorkerID, room, func() error {
-			if err := rt.roomAccess(ctx, st, *body.JobName); err != nil {
+		var g roomGate
+		res := rt.joinAsWorker(ctx, s, st, *body.WorkerID, room, func() (err error) {
+			if g, err = rt.roomAccess(ctx, s, st, roomGate{job: *body.JobName}); err != nil {
 				return err
 			}
 			return rt.svc.CheckJob(ctx, *body.JobName)
 		})
+		st.gateJoined(res, room, g)
+		return res
 	case "join_provider_room", "leave_provider_room":
 		if body.ProviderName == nil || body.WorkerID == nil {
 			return ack{Status: 422, Detail: "provider_name and worker_id are required"}
@@ -447,14 +522,18 @@ func (rt *Realtime) handle(ctx context.Context, s *sio.Socket, st *connState, ev
 		room := events.ProviderRoom(*body.ProviderName)
 		if ev.Name == "leave_provider_room" {
 			s.Leave(room)
+			st.ungate(room)
 			return ack{OK: true}
 		}
-		return rt.joinAsWorker(ctx, s, st, *body.WorkerID, room, func() error {
-			if err := rt.roomAccess(ctx, st, *body.ProviderName); err != nil {
+		var g roomGate
+		res := rt.joinAsWorker(ctx, s, st, *body.WorkerID, room, func() (err error) {
+			if g, err = rt.roomAccess(ctx, s, st, roomGate{provider: *body.ProviderName}); err != nil {
 				return err
 			}
 			return rt.svc.CheckProvider(ctx, st.p, *body.ProviderName)
 		})
+		st.gateJoined(res, room, g)
+		return res
 	case "join_dashboard":
 		return rt.joinDashboard(ctx, s, st)
 	case "leave_dashboard":
@@ -464,6 +543,8 @@ func (rt *Realtime) handle(ctx context.Context, s *sio.Socket, st *connState, ev
 		return rt.claimTasks(ctx, st, body.WorkerID, body.Limit, body.Start)
 	case "update_tasks":
 		return rt.updateTasks(ctx, st, body.Updates)
+	case "task_progress":
+		return rt.taskProgress(ctx, st, ev.Args)
 	case "join_room", "leave_room":
 		if body.RoomID == nil {
 			return ack{Status: 422, Detail: "room_id is required"}
@@ -471,17 +552,22 @@ func (rt *Realtime) handle(ctx context.Context, s *sio.Socket, st *connState, ev
 		if err := joblib.ValidateRoomID(*body.RoomID); err != nil {
 			return errAck(err)
 		}
+		room := events.Room(*body.RoomID)
 		if ev.Name == "leave_room" {
-			s.Leave(events.Room(*body.RoomID))
+			s.Leave(room)
+			st.ungate(room)
 			return ack{OK: true}
 		}
 		if rt.rooms != nil {
-			if err := rt.rooms.check(ctx, st.p, st.token, *body.RoomID, accessRead); err != nil {
+			if err := rt.rooms.check(clientaddr.NewContext(ctx, s.RemoteAddr()), st.p, st.token, *body.RoomID, accessRead); err != nil {
 				return errAck(err)
 			}
 		}
-		if err := s.Join(events.Room(*body.RoomID)); err != nil {
+		if err := s.Join(room); err != nil {
 			return joinErrAck(err)
+		}
+		if rt.rooms != nil {
+			st.gate(room, roomGate{room: *body.RoomID, access: accessRead})
 		}
 		return ack{OK: true}
 	}
@@ -536,6 +622,30 @@ func (rt *Realtime) updateTasks(ctx context.Context, st *connState, raw json.Raw
 	return ack{OK: true, Results: taskUpdateItems(ctx, rt.log, rs)}
 }
 
+// taskProgress is a worker's progress report over its socket
+// (task_progress {task_id, current, total, message}), answered as PATCH
+// /tasks/{id} with {"progress": ...} would be.
+func (rt *Realtime) taskProgress(ctx context.Context, st *connState, args []json.RawMessage) ack {
+	if st.anon {
+		return ack{Status: 401, Detail: "Unauthorized"}
+	}
+	var b struct {
+		TaskID *string `json:"task_id"`
+		joblib.Progress
+	}
+	if len(args) == 0 || json.Unmarshal(args[0], &b) != nil || b.TaskID == nil {
+		return ack{Status: 422, Detail: "task_id is required; current and total are numbers, message a string"}
+	}
+	id, err := uuid.Parse(*b.TaskID)
+	if err != nil {
+		return ack{Status: 422, Detail: "task_id must be a UUID"}
+	}
+	if _, err := rt.svc.ReportProgress(ctx, st.p, id, b.Progress); err != nil {
+		return errAck(err)
+	}
+	return ack{OK: true}
+}
+
 // joinAsWorker authorizes a worker's join (the worker is the caller's, the
 // target exists), joins the room and binds the worker to this socket.
 func (rt *Realtime) joinAsWorker(ctx context.Context, s *sio.Socket, st *connState, rawWorker, room string, exists func() error) ack {
@@ -572,6 +682,11 @@ func (rt *Realtime) joinAsWorker(ctx context.Context, s *sio.Socket, st *connSta
 		rt.bound[wid] = s
 		rt.mu.Unlock()
 		rt.dash.poke()
+		// The worker's own room: task_cancelled for the tasks it holds
+		// reaches this socket from any node.
+		if err := s.Join(events.WorkerRoom(wid.String())); err != nil {
+			return joinErrAck(err)
+		}
 	}
 	if err := s.Join(room); err != nil {
 		return joinErrAck(err)
@@ -585,10 +700,22 @@ func joinErrAck(err error) ack {
 }
 
 // roomAccess asks the room authorization host (when configured) whether the
-// socket's caller may read the room of a job or provider it joins as a
-// worker.
-func (rt *Realtime) roomAccess(ctx context.Context, st *connState, fullName string) error {
-	return rt.rooms.checkObject(ctx, st.p, st.token, fullName, accessRead)
+// socket's caller may read the room of the job or provider (g) it joins as a
+// worker: the room the object belongs to. It returns g completed with what
+// was asked (g.room is empty when nothing was).
+func (rt *Realtime) roomAccess(ctx context.Context, s *sio.Socket, st *connState, g roomGate) (roomGate, error) {
+	if rt.rooms == nil {
+		return g, nil
+	}
+	room, ok := objectRoom(g.job + g.provider)
+	if !ok || specialRoom(room) {
+		return g, nil // not found by the existence check that follows, or joblib's own
+	}
+	if err := rt.rooms.check(clientaddr.NewContext(ctx, s.RemoteAddr()), st.p, st.token, room, accessRead); err != nil {
+		return g, err
+	}
+	g.room, g.access = room, accessRead
+	return g, nil
 }
 
 func errAck(err error) ack {
@@ -609,7 +736,7 @@ func (rt *Realtime) OnDisconnect(s *sio.Socket, reason string) {
 	rt.disconnects.WithLabelValues(reason).Inc()
 	rt.dash.disconnected(reason)
 	rt.mu.Lock()
-	delete(rt.authed, s)
+	delete(rt.socks, s)
 	rt.mu.Unlock()
 	st, _ := s.Data().(*connState)
 	if st == nil {
@@ -649,6 +776,12 @@ func (rt *Realtime) expire(wid uuid.UUID, epoch int64) {
 	defer rt.wg.Done()
 	ctx, cancel := context.WithTimeout(rt.ctx, 30*time.Second)
 	defer cancel()
+	// A timer that fires as the node wakes from a stall waits for the
+	// lease check; a lease lost meanwhile changes nothing for it (the
+	// cleanup is fenced by the binding's epoch, whoever acts first).
+	if err := rt.svc.AwaitNodeLease(ctx); err != nil && !errors.Is(err, joblib.ErrNodeLeaseLost) {
+		return
+	}
 	res, err := rt.svc.CleanupWorker(ctx, wid, joblib.DisconnectCleanup(epoch))
 	if err != nil {
 		if !errors.Is(err, context.Canceled) {
@@ -661,17 +794,17 @@ func (rt *Realtime) expire(wid uuid.UUID, epoch int64) {
 	}
 }
 
-// recheckCredentials disconnects the sockets whose credential stopped
-// authenticating (revoked, expired, user deactivated), once per credential
-// cache period, so that a revocation also ends open connections (and with
-// them the heartbeats they keep fresh) on every node. Most checks are
-// answered by the credential cache.
-func (rt *Realtime) recheckCredentials() {
-	every := rt.auth.cache.ttl
-	if every <= 0 {
-		every = DefaultCredentialCacheTTL
-	}
-	every = max(every, 100*time.Millisecond)
+// recheck disconnects the sockets whose credential stopped authenticating
+// (revoked, expired, user deactivated), so that a revocation also ends open
+// connections (and with them the heartbeats they keep fresh) on every node,
+// and takes sockets out of the rooms the room authorization host no longer
+// grants them. It ticks four times per credential cache period and reuses
+// only answers young enough that a revoked credential's sockets close, and a
+// withdrawn room is left, within the cache TTL of the answer (plus the time
+// the tick takes): a tick every TTL reusing answers up to TTL old took up to
+// twice that. Most checks are answered by the caches.
+func (rt *Realtime) recheck() {
+	every, credAge, roomAge := rt.recheckTimes()
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -681,25 +814,156 @@ func (rt *Realtime) recheckCredentials() {
 		case <-t.C:
 		}
 		rt.mu.Lock()
-		socks := make([]*sio.Socket, 0, len(rt.authed))
-		for s := range rt.authed {
+		socks := make([]*sio.Socket, 0, len(rt.socks))
+		for s := range rt.socks {
 			socks = append(socks, s)
 		}
 		rt.mu.Unlock()
-		for _, s := range socks {
-			st, _ := s.Data().(*connState)
-			if st == nil || st.anon {
-				continue
-			}
-			ctx, cancel := context.WithTimeout(rt.ctx, 5*time.Second)
-			_, err := rt.auth.authenticate(ctx, st.token)
-			cancel()
-			if errors.Is(err, joblib.ErrUnauthorized) {
-				rt.log.Info("socket credential no longer valid; disconnecting", "socket", s.ID(), "user", st.p.Name, "err", err)
-				s.Disconnect()
-			}
+		// A few goroutines share the sockets: a slow answer must not hold
+		// up the whole tick, and most checks are cache hits not worth a
+		// goroutine each.
+		const workers = 8
+		var wg sync.WaitGroup
+		for w := range workers {
+			wg.Go(func() {
+				for i := w; i < len(socks); i += workers {
+					select {
+					case <-rt.stop:
+						return
+					default:
+					}
+					rt.recheckSocket(socks[i], credAge, roomAge)
+				}
+			})
+		}
+		wg.Wait()
+	}
+}
+
+// recheckTimes are the re-check's period and the oldest credential and room
+// answers it reuses.
+func (rt *Realtime) recheckTimes() (every, credAge, roomAge time.Duration) {
+	ttl := rt.auth.cache.ttl
+	if ttl <= 0 {
+		ttl = DefaultCredentialCacheTTL
+	}
+	every = max(ttl/4, 100*time.Millisecond)
+	credAge = max(ttl-every, 0)
+	if rt.rooms != nil {
+		roomAge = max(rt.rooms.cfg.CacheTTL-every, 0)
+	}
+	return every, credAge, roomAge
+}
+
+// recheckSocket is recheck for one socket.
+func (rt *Realtime) recheckSocket(s *sio.Socket, credAge, roomAge time.Duration) {
+	st, _ := s.Data().(*connState)
+	if st == nil {
+		return
+	}
+	if !st.anon {
+		ctx, cancel := context.WithTimeout(rt.ctx, 5*time.Second)
+		_, err := rt.auth.authenticateFresh(ctx, st.token, credAge)
+		cancel()
+		if errors.Is(err, joblib.ErrUnauthorized) {
+			rt.log.Info("socket credential no longer valid; disconnecting", "socket", s.ID(), "user", st.p.Name, "err", err)
+			s.Disconnect()
+			return
 		}
 	}
+	if rt.rooms == nil {
+		return
+	}
+	st.mu.Lock()
+	gates := make(map[string]roomGate, len(st.gates))
+	maps.Copy(gates, st.gates)
+	st.mu.Unlock()
+	for sioRoom, g := range gates {
+		// Each question has the host's own timeout: a socket in many rooms
+		// does not run out of time and leave the last ones as unavailable.
+		reason := refusal(rt.rooms.checkFresh(rt.ctx, st.p, st.token, g.room, g.access, roomAge))
+		if reason == "" || rt.ctx.Err() != nil {
+			continue
+		}
+		st.mu.Lock()
+		same := st.gates[sioRoom] == g
+		if same {
+			delete(st.gates, sioRoom)
+		}
+		st.mu.Unlock()
+		if same && s.Leave(sioRoom) {
+			rt.log.Info("socket left a room the host no longer grants", "socket", s.ID(), "user", st.p.Name, "room", g.room, "reason", reason)
+			_ = s.Emit(roomLeftEvent, roomLeft(g, reason))
+		}
+	}
+}
+
+// roomLeftEvent tells a socket it was taken out of a room (see roomLeft).
+const roomLeftEvent = "room_left"
+
+// Why a socket leaves a room (room_left's reason).
+const (
+	leftForbidden   = "forbidden"   // the host refused the caller the room
+	leftUnavailable = "unavailable" // the host did not answer, and room auth fails closed
+)
+
+// refusal names why err refuses a room ("" when it does not).
+func refusal(err error) string {
+	if err == nil {
+		return ""
+	}
+	if e, ok := joblib.AsError(err); ok && e.Code == joblib.CodeForbidden {
+		return leftForbidden
+	}
+	if errors.Is(err, errRoomAuthUnavailable) {
+		return leftUnavailable
+	}
+	return ""
+}
+
+// roomLeft is the payload of room_left.
+func roomLeft(g roomGate, reason string) map[string]string {
+	m := map[string]string{"room": g.room, "reason": reason}
+	if g.job != "" {
+		m["job_name"] = g.job
+	}
+	if g.provider != "" {
+		m["provider_name"] = g.provider
+	}
+	return m
+}
+
+// admitRooms asks the host again about the UI rooms of a session being
+// recovered (RecoveryConfig.Admit), reusing only answers the re-check would
+// reuse: a room it refuses is not restored, and the client hears room_left
+// for it after its CONNECT; a room it cannot answer for is refused too
+// unless room auth fails open.
+func (rt *Realtime) admitRooms(ctx context.Context, s *sio.Socket, rooms []string) []string {
+	st, _ := s.Data().(*connState)
+	if rt.rooms == nil || st == nil {
+		return rooms
+	}
+	ctx, cancel := context.WithTimeout(ctx, rt.rooms.cfg.Timeout)
+	defer cancel()
+	_, _, roomAge := rt.recheckTimes()
+	kept := rooms[:0]
+	for _, sioRoom := range rooms {
+		id, ok := strings.CutPrefix(sioRoom, events.Room(""))
+		if !ok {
+			kept = append(kept, sioRoom)
+			continue
+		}
+		g := roomGate{room: id, access: accessRead}
+		if err := rt.rooms.checkFresh(ctx, st.p, st.token, id, accessRead, roomAge); err != nil {
+			reason := cmp.Or(refusal(err), leftUnavailable)
+			rt.log.Info("recovered socket not given back a room", "socket", s.ID(), "user", st.p.Name, "room", id, "reason", reason)
+			_ = s.Emit(roomLeftEvent, roomLeft(g, reason))
+			continue
+		}
+		st.gate(sioRoom, g)
+		kept = append(kept, sioRoom)
+	}
+	return kept
 }
 
 // keepAlive refreshes the heartbeats of this node's socket-bound workers.
@@ -721,9 +985,11 @@ func (rt *Realtime) keepAlive() {
 		if len(ids) == 0 {
 			continue
 		}
-		if _, err := rt.svc.KeepAlive(rt.ctx, ids); err != nil && !errors.Is(err, context.Canceled) {
+		gone, err := rt.svc.KeepAlive(rt.ctx, ids)
+		if err != nil && !errors.Is(err, context.Canceled) {
 			rt.log.Error("refresh socket-bound workers", "workers", len(ids), "err", err)
 		}
+		rt.dropWorkers(gone, "removed elsewhere")
 	}
 }
 

@@ -48,6 +48,7 @@ func (s *Server) routes() {
 	m.HandleFunc("PATCH "+prefix+"/tasks/{id}", write(s.updateTask))
 	s.routesProviders(list, write)
 	s.routesDashboard(write)
+	s.routesMethods()
 
 	m.HandleFunc("GET /healthz", s.healthz)
 	m.HandleFunc("GET /readyz", s.readyz)
@@ -107,6 +108,7 @@ func (s *Server) principal(w http.ResponseWriter, r *http.Request) (joblib.Princ
 	if err == nil {
 		err = s.checkCookieWrite(r)
 	}
+	err = explainUnauthorized(r, err)
 	if err != nil {
 		if errors.Is(err, joblib.ErrUnauthorized) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="joblib"`)
@@ -422,6 +424,10 @@ type registerJobBody struct {
 	WorkerID     *uuid.UUID      `json:"worker_id"`
 	OnWorkerLoss string          `json:"on_worker_loss"`
 	MaxAttempts  int             `json:"max_attempts"`
+	// Task limits in seconds and the timeout policy (optional).
+	TaskTimeout      *int   `json:"task_timeout"`
+	HeartbeatTimeout *int   `json:"heartbeat_timeout"`
+	OnTimeout        string `json:"on_timeout"`
 }
 
 // schemaOf picks the schema field (or its alias) and checks it is an object.
@@ -458,6 +464,7 @@ func (s *Server) registerJob(w http.ResponseWriter, r *http.Request) {
 	job, created, err := s.svc.RegisterJob(r.Context(), p, room, joblib.RegisterJobParams{
 		Category: *b.Category, Name: *b.Name, Schema: schema, WorkerID: b.WorkerID,
 		OnWorkerLoss: b.OnWorkerLoss, MaxAttempts: b.MaxAttempts,
+		TaskTimeout: b.TaskTimeout, HeartbeatTimeout: b.HeartbeatTimeout, OnTimeout: b.OnTimeout,
 	})
 	s.answer(w, r, createdOrOK(created), job, err)
 }
@@ -517,12 +524,14 @@ func (s *Server) submitTask(w http.ResponseWriter, r *http.Request) {
 		if !s.decodeBody(w, r, &b) {
 			return
 		}
-		if sub.Payloads, ok = batchPayloads(w, b.Tasks); !ok {
+		if sub.Payloads, sub.Timeouts, ok = batchPayloads(w, b.Tasks); !ok {
 			return
 		}
 	} else {
 		var b struct {
 			Payload json.RawMessage `json:"payload"`
+			// Timeout is the task's own task_timeout in seconds (optional).
+			Timeout *int `json:"timeout"`
 		}
 		if !s.decodeBody(w, r, &b) {
 			return
@@ -531,7 +540,7 @@ func (s *Server) submitTask(w http.ResponseWriter, r *http.Request) {
 			badRequest(w, `field "payload": expected a JSON object`)
 			return
 		}
-		sub.Payloads = []json.RawMessage{b.Payload}
+		sub.Payloads, sub.Timeouts = []json.RawMessage{b.Payload}, []*int{b.Timeout}
 	}
 	out, err := s.svc.Submit(r.Context(), p, sub)
 	if err != nil {
@@ -571,36 +580,45 @@ func idempotencyKey(w http.ResponseWriter, r *http.Request) (string, bool) {
 
 // batchUnsupported are the per-task members of a batch the issue names
 // that joblib does not store yet: refused, never silently ignored.
-var batchUnsupported = []string{"priority", "run_at", "delay", "timeout"}
+var batchUnsupported = []string{"priority", "run_at", "delay"}
 
 // batchPayloads checks the "tasks" member of a batch submission: an array
-// of {"payload": {...}} objects.
-func batchPayloads(w http.ResponseWriter, tasks json.RawMessage) ([]json.RawMessage, bool) {
+// of {"payload": {...}, "timeout"?: seconds} objects.
+func batchPayloads(w http.ResponseWriter, tasks json.RawMessage) ([]json.RawMessage, []*int, bool) {
 	var items []map[string]json.RawMessage
 	if t := bytes.TrimSpace(tasks); len(t) == 0 || t[0] != '[' || json.Unmarshal(t, &items) != nil {
 		badRequest(w, `field "tasks": expected an array of {"payload": {...}} objects`)
-		return nil, false
+		return nil, nil, false
 	}
 	out := make([]json.RawMessage, len(items))
+	timeouts := make([]*int, len(items))
 	for i, it := range items {
 		if it == nil {
 			badRequest(w, fmt.Sprintf(`field "tasks[%d]": expected an object {"payload": {...}}`, i))
-			return nil, false
+			return nil, nil, false
 		}
 		for _, f := range batchUnsupported {
 			if _, ok := it[f]; ok {
 				badRequest(w, fmt.Sprintf(`field "tasks[%d].%s" is not supported yet; submit without it`, i, f))
-				return nil, false
+				return nil, nil, false
 			}
 		}
 		pl := bytes.TrimSpace(it["payload"])
 		if len(pl) > 0 && pl[0] != '{' {
 			badRequest(w, fmt.Sprintf(`field "tasks[%d].payload": expected a JSON object`, i))
-			return nil, false
+			return nil, nil, false
 		}
 		out[i] = pl
+		if raw, ok := it["timeout"]; ok && string(bytes.TrimSpace(raw)) != "null" {
+			var v int
+			if err := json.Unmarshal(raw, &v); err != nil {
+				badRequest(w, fmt.Sprintf(`field "tasks[%d].timeout": expected an integer number of seconds`, i))
+				return nil, nil, false
+			}
+			timeouts[i] = &v
+		}
 	}
-	return out, true
+	return out, timeouts, true
 }
 
 func (s *Server) claimTask(w http.ResponseWriter, r *http.Request) {
@@ -714,9 +732,25 @@ func (s *Server) updateTask(w http.ResponseWriter, r *http.Request) {
 		Status *string         `json:"status"`
 		Error  *string         `json:"error"`
 		Result json.RawMessage `json:"result"`
+		// Progress is the holder's progress report, alone or with a status.
+		Progress json.RawMessage `json:"progress"`
 	}
 	if !s.decodeBody(w, r, &b) {
 		return
+	}
+	if pr, ok := progressOf(b.Progress); ok {
+		task, err := s.svc.ReportProgress(r.Context(), p, id, pr)
+		if b.Status == nil {
+			s.answer(w, r, http.StatusOK, task, err)
+			return
+		}
+		// With a status, the transition decides the answer: a progress the
+		// task does not take (a superuser's override, a task that is not
+		// held) is dropped, as before progress existed.
+		if _, refused := joblib.AsError(err); err != nil && !refused {
+			s.fail(w, r, err)
+			return
+		}
 	}
 	if b.Status == nil || !joblib.ValidStatus(*b.Status) {
 		badRequest(w, `field "status" must be one of pending, claimed, running, completed, failed, cancelled`)
@@ -724,6 +758,30 @@ func (s *Server) updateTask(w http.ResponseWriter, r *http.Request) {
 	}
 	task, err := s.svc.UpdateTaskResult(r.Context(), p, id, *b.Status, b.Error, b.Result)
 	s.answer(w, r, http.StatusOK, task, err)
+}
+
+// progressOf reads the "progress" of a task update: an object {current,
+// total, message}, or a bare number taken as current. Any other value is
+// ignored, as every field the server did not know was before progress
+// existed.
+func progressOf(raw json.RawMessage) (joblib.Progress, bool) {
+	var pr joblib.Progress
+	t := bytes.TrimSpace(raw)
+	if len(t) == 0 {
+		return pr, false
+	}
+	switch t[0] {
+	case '{':
+		return pr, json.Unmarshal(t, &pr) == nil
+	case '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9':
+		var n float64
+		if json.Unmarshal(t, &n) != nil {
+			return pr, false
+		}
+		pr.Current = &n
+		return pr, true
+	}
+	return pr, false
 }
 
 // --- health

@@ -13,6 +13,10 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/zndraw/joblib/internal/clientaddr"
+	"github.com/zndraw/joblib/internal/limits"
+	"github.com/zndraw/joblib/internal/lru"
+	"github.com/zndraw/joblib/internal/ratelimit"
 	"github.com/zndraw/joblib/joblib"
 )
 
@@ -30,8 +34,15 @@ type RoomAuthConfig struct {
 	// CacheTTL is how long an answer (allow or refuse) is reused; 0 asks
 	// every time.
 	CacheTTL time.Duration `env:"ROOM_AUTH_CACHE_TTL" envDefault:"5s"`
-	// CacheSize bounds the cached answers.
+	// CacheSize bounds the cached answers; past it the least recently
+	// used one goes.
 	CacheSize int `env:"ROOM_AUTH_CACHE_SIZE" envDefault:"10000"`
+	// Rate and Burst are each client address's budget of questions whose
+	// answer is not cached (a room never asked about, or one refused):
+	// past it such a request answers 429 without asking. Refreshing an
+	// allowed answer that expired is free. Rate 0 disables the budget.
+	Rate  float64 `env:"ROOM_AUTH_RATE" envDefault:"50"`
+	Burst int     `env:"ROOM_AUTH_BURST" envDefault:"500"`
 	// FailOpen allows access when the host cannot be reached; by default
 	// such calls answer 503 (fail closed).
 	FailOpen bool `env:"ROOM_AUTH_FAIL_OPEN" envDefault:"false"`
@@ -39,7 +50,7 @@ type RoomAuthConfig struct {
 
 // DefaultRoomAuthConfig returns the documented defaults (disabled).
 func DefaultRoomAuthConfig() RoomAuthConfig {
-	return RoomAuthConfig{Timeout: 2 * time.Second, CacheTTL: 5 * time.Second, CacheSize: 10000}
+	return RoomAuthConfig{Timeout: 2 * time.Second, CacheTTL: 5 * time.Second, CacheSize: 10000, Rate: 50, Burst: 500}
 }
 
 func (c RoomAuthConfig) validate() error {
@@ -55,6 +66,9 @@ func (c RoomAuthConfig) validate() error {
 	}
 	if c.CacheTTL < 0 || c.CacheSize < 1 {
 		return fmt.Errorf("JOBLIB_ROOM_AUTH_CACHE_TTL must not be negative and JOBLIB_ROOM_AUTH_CACHE_SIZE must be positive")
+	}
+	if c.Rate < 0 || (c.Rate > 0 && c.Burst < 1) {
+		return fmt.Errorf("JOBLIB_ROOM_AUTH_RATE must not be negative and JOBLIB_ROOM_AUTH_BURST must be positive, got %g and %d", c.Rate, c.Burst)
 	}
 	return nil
 }
@@ -73,9 +87,12 @@ type roomAuth struct {
 	cfg    RoomAuthConfig
 	client *http.Client
 	now    func() time.Time
+	// misses is each client address's budget of questions about answers
+	// that are not cached (see RoomAuthConfig.Rate).
+	misses *ratelimit.Limiter[string]
 
 	mu    sync.Mutex
-	cache map[roomAuthKey]roomAuthEntry
+	cache *lru.Cache[roomAuthKey, roomAuthEntry]
 }
 
 type roomAuthKey struct {
@@ -87,7 +104,7 @@ type roomAuthKey struct {
 
 type roomAuthEntry struct {
 	allowed bool
-	exp     time.Time
+	at      time.Time // when the host answered
 }
 
 func newRoomAuth(cfg RoomAuthConfig) *roomAuth {
@@ -101,7 +118,8 @@ func newRoomAuth(cfg RoomAuthConfig) *roomAuth {
 	if cfg.CacheSize <= 0 {
 		cfg.CacheSize = def.CacheSize
 	}
-	return &roomAuth{cfg: cfg, client: &http.Client{Timeout: cfg.Timeout}, now: time.Now, cache: map[roomAuthKey]roomAuthEntry{}}
+	return &roomAuth{cfg: cfg, client: &http.Client{Timeout: cfg.Timeout}, now: time.Now,
+		misses: ratelimit.New[string](cfg.Rate, cfg.Burst), cache: lru.New[roomAuthKey, roomAuthEntry](cfg.CacheSize)}
 }
 
 // special rooms are joblib's own; the host does not know them.
@@ -132,17 +150,37 @@ func (ra *roomAuth) checkObject(ctx context.Context, p joblib.Principal, token, 
 // check returns nil when p may access room, a *joblib.Error (403) when the
 // host refuses, and errRoomAuthUnavailable when it cannot say (unless the
 // configuration fails open). token is the caller's raw credential, forwarded
-// as a bearer token.
+// as a bearer token. A question whose answer is not cached is charged to the
+// client address ctx carries (clientaddr.FromContext: a REST request's, or
+// a socket's when the caller put it there); past that budget it is a 429 and
+// the host is not asked. The server's own re-checks carry none.
 func (ra *roomAuth) check(ctx context.Context, p joblib.Principal, token, room, access string) error {
+	if ra == nil {
+		return nil
+	}
+	return ra.checkFresh(ctx, p, token, room, access, ra.cfg.CacheTTL)
+}
+
+// checkFresh is check reusing only an answer younger than maxAge (at most
+// the cache TTL): the sockets' re-check uses it to keep its bound.
+func (ra *roomAuth) checkFresh(ctx context.Context, p joblib.Principal, token, room, access string, maxAge time.Duration) error {
 	if ra == nil || specialRoom(room) {
 		return nil
 	}
 	key := roomAuthKey{user: p.ID, token: joblib.HashToken(token), room: room, access: access}
 	now := ra.now()
 	ra.mu.Lock()
-	e, ok := ra.cache[key]
+	e, cached := ra.cache.Get(key)
 	ra.mu.Unlock()
-	if !ok || !now.Before(e.exp) {
+	if !cached || now.Sub(e.at) >= min(maxAge, ra.cfg.CacheTTL) {
+		// Refreshing an allowed answer is what every member of a room
+		// does once per TTL; anything else is charged to the address.
+		if addr := clientaddr.FromContext(ctx); addr != "" && (!cached || !e.allowed) {
+			if ok, wait := ra.misses.Allow(addr); !ok {
+				return &joblib.Error{Code: joblib.CodeRateLimited, Limit: limits.RoomAuthRate, RetryAfter: wait,
+					Detail: "too many room authorization questions from this address; retry after the time in Retry-After"}
+			}
+		}
 		allowed, err := ra.ask(ctx, p, token, room, access)
 		if err != nil {
 			if ra.cfg.FailOpen {
@@ -150,14 +188,10 @@ func (ra *roomAuth) check(ctx context.Context, p joblib.Principal, token, room, 
 			}
 			return err
 		}
-		e = roomAuthEntry{allowed: allowed, exp: now.Add(ra.cfg.CacheTTL)}
+		e = roomAuthEntry{allowed: allowed, at: now}
 		if ra.cfg.CacheTTL > 0 {
 			ra.mu.Lock()
-			if len(ra.cache) >= ra.cfg.CacheSize {
-				// Emptying is a correct eviction for answers this short-lived.
-				clear(ra.cache)
-			}
-			ra.cache[key] = e
+			ra.cache.Put(key, e)
 			ra.mu.Unlock()
 		}
 	}
@@ -165,6 +199,13 @@ func (ra *roomAuth) check(ctx context.Context, p joblib.Principal, token, room, 
 		return &joblib.Error{Code: joblib.CodeForbidden, Detail: fmt.Sprintf("No %s access to room '%s'", access, room)}
 	}
 	return nil
+}
+
+// cached is the number of cached answers.
+func (ra *roomAuth) cached() int {
+	ra.mu.Lock()
+	defer ra.mu.Unlock()
+	return ra.cache.Len()
 }
 
 func (ra *roomAuth) ask(ctx context.Context, p joblib.Principal, token, room, access string) (bool, error) {

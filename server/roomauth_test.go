@@ -23,6 +23,8 @@ type roomHost struct {
 	mu    sync.Mutex
 	got   []roomQuestion
 	admin string // this bearer token may use every room but "slow"
+	// withdrawn rooms are refused to everybody but admin.
+	withdrawn map[string]bool
 	// own maps a bearer token to the one room (besides "open" and "ro") it
 	// may use, as a host giving each user a room of their own would.
 	own map[string]string
@@ -47,9 +49,12 @@ func newRoomHost(t *testing.T) *roomHost {
 		h.mu.Lock()
 		h.got = append(h.got, q)
 		admin := h.admin != "" && q.Auth == "Bearer "+h.admin
+		withdrawn := h.withdrawn[q.RoomID]
 		own := h.own[strings.TrimPrefix(q.Auth, "Bearer ")] == q.RoomID
 		h.mu.Unlock()
 		switch {
+		case withdrawn && !admin:
+			http.Error(w, "withdrawn", http.StatusForbidden)
 		case q.RoomID == "slow":
 			select {
 			case <-r.Context().Done():
@@ -63,6 +68,16 @@ func newRoomHost(t *testing.T) *roomHost {
 	}))
 	t.Cleanup(h.srv.Close)
 	return h
+}
+
+// withdraw makes the host refuse room from now on (but to admin).
+func (h *roomHost) withdraw(room string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.withdrawn == nil {
+		h.withdrawn = map[string]bool{}
+	}
+	h.withdrawn[room] = true
 }
 
 func (h *roomHost) questions() []roomQuestion {
@@ -90,6 +105,21 @@ func (h *roomHost) count(room, access string) int {
 		}
 	}
 	return n
+}
+
+// hostedEnv starts an API whose room auth asks host, with the room auth
+// configuration changed by tune, and makes its admin host's admin.
+func hostedEnv(t *testing.T, db *models.DB, host *roomHost, tune func(*server.Config), rc server.RealtimeConfig) (*env, server.Config) {
+	t.Helper()
+	cfg := server.DefaultConfig()
+	cfg.RoomAuth = server.DefaultRoomAuthConfig()
+	cfg.RoomAuth.URL = host.srv.URL
+	tune(&cfg)
+	e := setup(t, db, withServer(cfg), withRealtime(rc))
+	host.mu.Lock()
+	host.admin = e.admin
+	host.mu.Unlock()
+	return e, cfg
 }
 
 func roomAuthEnv(t *testing.T, db *models.DB, ra server.RoomAuthConfig) *env {
@@ -235,6 +265,148 @@ func TestRoomAuthHostDown(t *testing.T) {
 		}
 		if n := host.count("open", "read"); n != 3 {
 			t.Fatalf("%d questions without a cache", n)
+		}
+	})
+}
+
+// Finding 4 of the security pass: a socket kept a room's events after the
+// host withdrew the room. Rooms a socket was granted by the host are asked
+// again on the credential tick: when the host refuses, the socket leaves the
+// room with room_left {room, reason} (a worker's job room too), gets none of
+// its events afterwards, and keeps the rooms still granted. When the host
+// cannot answer, the socket leaves too (fail closed), unless room auth fails
+// open.
+func TestSocketLeavesWithdrawnRoom(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		host := newRoomHost(t)
+		e, cfg := hostedEnv(t, db, host, func(c *server.Config) {
+			c.CredentialCacheTTL = 400 * time.Millisecond // a tick every 100 ms
+			c.RoomAuth.CacheTTL = time.Second
+		}, realtimeCfg())
+		job := e.registerJob(e.alice, "open", "modifiers", "J")
+		worker := mustDialSIO(t, e.url, e.alice)
+		worker.mustCall("join_job_room", map[string]any{"job_name": "open:modifiers:J", "worker_id": job["worker_id"]})
+		ui := mustDialSIO(t, e.url, e.bob)
+		ui.mustCall("join_room", map[string]any{"room_id": "open"})
+		ui.mustCall("join_room", map[string]any{"room_id": "ro"})
+		before := e.submit(e.admin, "open", "open:modifiers:J", nil)
+		ui.waitEvent("task_status_event", 5*time.Second, func(m map[string]any) bool { return m["id"] == before })
+		worker.waitEvent("task_available", 5*time.Second, nil)
+
+		host.withdraw("open")
+		withdrawn := time.Now()
+		// REST refuses once the cached answer is older than its TTL; the
+		// socket leaves within about the same time.
+		left := ui.waitEvent("room_left", 5*time.Second, nil)
+		if left.Payload["room"] != "open" || left.Payload["reason"] != "forbidden" {
+			t.Fatalf("room_left %v", left.Payload)
+		}
+		if d := left.At.Sub(withdrawn); d > cfg.RoomAuth.CacheTTL+time.Second {
+			t.Fatalf("room_left %s after the host withdrew the room (cache TTL %s)", d, cfg.RoomAuth.CacheTTL)
+		}
+		wleft := worker.waitEvent("room_left", 5*time.Second, nil)
+		if wleft.Payload["room"] != "open" || wleft.Payload["job_name"] != "open:modifiers:J" || wleft.Payload["reason"] != "forbidden" {
+			t.Fatalf("worker's room_left %v", wleft.Payload)
+		}
+		e.do(e.bob, "GET", api+"/rooms/open/jobs", nil).problem(403, "forbidden")
+		after := e.submit(e.admin, "open", "open:modifiers:J", nil)
+		marker := e.submit(e.admin, "ro", "open:modifiers:J", nil)
+		// Events reach a socket in order: once the later one of the room it
+		// kept is in, the withdrawn room's would have been too.
+		ui.waitEvent("task_status_event", 5*time.Second, func(m map[string]any) bool { return m["id"] == marker })
+		for _, ev := range ui.eventsNamed("task_status_event") {
+			if ev.Payload["id"] == after {
+				t.Fatalf("the socket got an event of the room it was refused: %v", ev.Payload)
+			}
+		}
+		if n := len(ui.eventsNamed("room_left")); n != 1 {
+			t.Fatalf("%d room_left events, want 1 (the granted room stays)", n)
+		}
+		if n := len(worker.eventsNamed("task_available")); n != 1 {
+			t.Fatalf("the worker got %d task_available, want the one before the withdrawal", n)
+		}
+		// Joining again is refused like any join.
+		if a := ui.call("join_room", map[string]any{"room_id": "open"}); a["status"] != float64(403) {
+			t.Fatalf("re-join %v", a)
+		}
+
+		// The host goes away: fail closed leaves the room, fail open keeps it.
+		for _, failOpen := range []bool{false, true} {
+			down := newRoomHost(t)
+			e2, c := hostedEnv(t, db, down, func(c *server.Config) {
+				c.CredentialCacheTTL = cfg.CredentialCacheTTL
+				c.RoomAuth.CacheTTL, c.RoomAuth.FailOpen = cfg.RoomAuth.CacheTTL, failOpen
+			}, realtimeCfg())
+			s := mustDialSIO(t, e2.url, e2.bob)
+			s.mustCall("join_room", map[string]any{"room_id": "open"})
+			down.srv.Close()
+			time.Sleep(c.RoomAuth.CacheTTL + 700*time.Millisecond)
+			got := s.eventsNamed("room_left")
+			switch {
+			case !failOpen && (len(got) != 1 || got[0].Payload["reason"] != "unavailable" || got[0].Payload["room"] != "open"):
+				t.Fatalf("fail closed, host down: room_left %v", got)
+			case failOpen && len(got) != 0:
+				t.Fatalf("fail open, host down: room_left %v", got)
+			}
+		}
+	})
+}
+
+// Finding 4 of the security pass, connection state recovery: a recovered
+// session got its rooms back without asking the host. Now the host is asked
+// again: a withdrawn room is not restored, the client hears room_left for
+// it, and nothing of it is replayed, while the rooms still granted are
+// restored with what they missed.
+func TestRecoveredSocketAsksHostAgain(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		host := newRoomHost(t)
+		rc := realtimeCfg()
+		rc.RecoveryWindow = time.Minute
+		e, cfg := hostedEnv(t, db, host, func(c *server.Config) { c.RoomAuth.CacheTTL = 500 * time.Millisecond }, rc)
+		e.registerJob(e.admin, "@global", "modifiers", "J")
+		ui, first, err := dialSIOAuth(t, e.url, map[string]any{"token": e.bob, "recover": true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ui.mustCall("join_room", map[string]any{"room_id": "open"})
+		ui.mustCall("join_room", map[string]any{"room_id": "ro"})
+		seen := e.submit(e.admin, "open", "@global:modifiers:J", nil)
+		offset := ui.waitEvent("task_status_event", 5*time.Second, func(m map[string]any) bool { return m["id"] == seen }).Offset
+		if offset == "" {
+			t.Fatal("no offset on a UI room event")
+		}
+		ui.drop()
+		waitFor(t, 5*time.Second, func() bool { return e.rt.IO().NumSockets() == 0 })
+		host.withdraw("open")
+		missedOpen := e.submit(e.admin, "open", "@global:modifiers:J", nil)
+		missedRO := e.submit(e.admin, "ro", "@global:modifiers:J", nil)
+		time.Sleep(cfg.RoomAuth.CacheTTL) // the join's answer is too old to reuse
+		asked := host.countBy(e.bob, "open", "read")
+
+		back, reply, err := dialSIOAuth(t, e.url, map[string]any{"token": e.bob, "recover": true, "pid": first["pid"], "offset": offset})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if reply["sid"] != first["sid"] {
+			t.Fatalf("not recovered: %v, first %v", reply, first)
+		}
+		left := back.waitEvent("room_left", 5*time.Second, nil)
+		if left.Payload["room"] != "open" || left.Payload["reason"] != "forbidden" {
+			t.Fatalf("room_left %v", left.Payload)
+		}
+		if host.countBy(e.bob, "open", "read") != asked+1 {
+			t.Fatalf("the host was not asked again about the recovered room: %+v", host.questions())
+		}
+		back.waitEvent("task_status_event", 5*time.Second, func(m map[string]any) bool { return m["id"] == missedRO })
+		live := e.submit(e.admin, "open", "@global:modifiers:J", nil)
+		marker := e.submit(e.admin, "ro", "@global:modifiers:J", nil)
+		back.waitEvent("task_status_event", 5*time.Second, func(m map[string]any) bool { return m["id"] == marker })
+		for _, ev := range back.eventsNamed("task_status_event") {
+			if id := ev.Payload["id"]; id == missedOpen || id == live {
+				t.Fatalf("the recovered socket got an event of the withdrawn room: %v", ev.Payload)
+			}
 		}
 	})
 }

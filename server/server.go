@@ -16,6 +16,7 @@ import (
 	"github.com/zndraw/joblib/internal/clientaddr"
 	"github.com/zndraw/joblib/internal/jsonguard"
 	"github.com/zndraw/joblib/internal/limits"
+	"github.com/zndraw/joblib/internal/ratelimit"
 	"github.com/zndraw/joblib/joblib"
 )
 
@@ -56,6 +57,12 @@ type Config struct {
 	// reading the database: revocations and expiries apply within it on
 	// every node. 0 disables the cache.
 	CredentialCacheTTL time.Duration `env:"CREDENTIAL_CACHE_TTL" envDefault:"5s"`
+	// AuthFailureRate and AuthFailureBurst are each client address's budget
+	// of credentials looked up and refused (unknown, revoked, expired); past
+	// it a credential that is not cached answers 429 without a lookup. 0
+	// disables the budget.
+	AuthFailureRate  float64 `env:"AUTH_FAILURE_RATE" envDefault:"50"`
+	AuthFailureBurst int     `env:"AUTH_FAILURE_BURST" envDefault:"500"`
 	// PublicReads lets unauthenticated callers use the GET endpoints.
 	PublicReads bool `env:"PUBLIC_READS" envDefault:"false"`
 	// MaxJSONDepth caps the nesting of JSON request bodies; deeper ones
@@ -83,6 +90,7 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{ListenAddr: ":8080", MaxBodyBytes: 8 << 20, JWTAlgorithm: "HS256", JWTAudience: DefaultJWTAudience,
 		JWTLeeway: 30 * time.Second, CredentialCacheTTL: DefaultCredentialCacheTTL, RoomAuth: DefaultRoomAuthConfig(),
+		AuthFailureRate: 50, AuthFailureBurst: 500,
 		MaxJSONDepth: jsonguard.DefaultMaxDepth, MaxListOffset: DefaultMaxListOffset,
 		ReadDBTimeout: 5 * time.Second, WriteDBTimeout: 15 * time.Second}
 }
@@ -98,6 +106,9 @@ func (c Config) Validate() error {
 	}
 	if c.CredentialCacheTTL < 0 || c.CredentialCacheTTL > time.Minute {
 		return fmt.Errorf("JOBLIB_CREDENTIAL_CACHE_TTL must be between 0 and 1m, got %s", c.CredentialCacheTTL)
+	}
+	if c.AuthFailureRate < 0 || (c.AuthFailureRate > 0 && c.AuthFailureBurst < 1) {
+		return fmt.Errorf("JOBLIB_AUTH_FAILURE_RATE must not be negative and JOBLIB_AUTH_FAILURE_BURST must be positive, got %g and %d", c.AuthFailureRate, c.AuthFailureBurst)
 	}
 	if c.JWTSecret != "" && c.AdminToken != "" && looksLikeJWT(c.AdminToken) {
 		return errors.New("JOBLIB_ADMIN_TOKEN has the shape of a JWT (three dot-separated base64url parts) and JOBLIB_JWT_SECRET is set: it would be verified as a JWT and never match; choose an admin token without that shape (e.g. jl_...)")
@@ -130,6 +141,9 @@ type Server struct {
 	// Set by NewRealtime: the dashboard's trigger and snapshot.
 	dashPoke     atomic.Pointer[func()]
 	dashSnapshot atomic.Pointer[func(context.Context) (*DashboardView, error)]
+	// keepAlive is the socket keep-alive interval (set by NewRealtime):
+	// an operator sweep's threshold must be at least twice it.
+	keepAlive atomic.Int64
 }
 
 // New builds the HTTP server over a service.
@@ -154,7 +168,7 @@ func New(svc *joblib.Service, cfg Config, log *slog.Logger) *Server {
 		auth: &authenticator{svc: svc, now: time.Now, cache: authCache{ttl: cfg.CredentialCacheTTL}, jwt: jwtConfig{
 			secret: []byte(cfg.JWTSecret), alg: cmp.Or(cfg.JWTAlgorithm, "HS256"), audience: cmp.Or(cfg.JWTAudience, DefaultJWTAudience),
 			issuer: cfg.JWTIssuer, leeway: cfg.JWTLeeway, superuserClaim: cfg.JWTSuperuserClaim,
-		}},
+		}, failures: ratelimit.New[string](cfg.AuthFailureRate, cfg.AuthFailureBurst)},
 		rooms: newRoomAuth(cfg.RoomAuth),
 		mux:   http.NewServeMux(),
 
@@ -175,6 +189,10 @@ func New(svc *joblib.Service, cfg Config, log *slog.Logger) *Server {
 // this server (REST and Socket.IO) counts into; register it with the
 // metrics registry.
 func (s *Server) Rejections() *limits.Rejections { return s.rejections }
+
+// CredentialLookups is the number of credentials resolved against the
+// database (or a JWT's signature) rather than answered by the caches.
+func (s *Server) CredentialLookups() int64 { return s.auth.lookups.Load() }
 
 // Handle mounts an extra handler (Socket.IO, metrics) on the server's mux.
 func (s *Server) Handle(pattern string, h http.Handler) { s.mux.Handle(pattern, h) }
@@ -214,7 +232,7 @@ func (rw *routingErrors) WriteHeader(code int) {
 		h.Del("X-Content-Type-Options")
 		p := Problem{Type: "/v1/problems/not-found", Title: http.StatusText(code), Status: code, Detail: "no such endpoint"}
 		if code == http.StatusMethodNotAllowed {
-			p.Type, p.Detail = "/v1/problems/method-not-allowed", "method not allowed on this endpoint"
+			p.Type, p.Detail = "/v1/problems/method-not-allowed", "method not allowed on this endpoint; allowed: "+h.Get("Allow")
 		}
 		writeProblem(rw.ResponseWriter, p)
 		return

@@ -18,40 +18,74 @@ type sioClient struct {
 	t    testing.TB
 	cl   *sioclient.Client
 	conn *websocket.Conn // for hand-made frames
+	done <-chan struct{} // closed when the connection has ended
 
-	mu     sync.Mutex
-	events []sioEvent
-	notify chan struct{}
+	mu       sync.Mutex
+	events   []sioEvent
+	notify   chan struct{}
+	closedAt time.Time     // when the connection ended, noted as it ends
+	closed   chan struct{} // closed once closedAt is set
 }
 
 type sioEvent struct {
 	Name    string
 	Payload map[string]any
-	At      time.Time
+	// Offset is a trailing string argument (connection state recovery).
+	Offset string
+	At     time.Time
 }
 
 // dialSIO connects and sends CONNECT with {"token": token}; it returns the
 // CONNECT_ERROR message as an error if the server refuses.
 func dialSIO(t testing.TB, baseURL, token string) (*sioClient, error) {
 	t.Helper()
+	c, _, err := dialSIOAuth(t, baseURL, map[string]any{"token": token})
+	return c, err
+}
+
+// dialSIOAuth is dialSIO with any CONNECT auth payload; it also returns what
+// the CONNECT reply named: sid, and pid under connection state recovery.
+func dialSIOAuth(t testing.TB, baseURL string, auth map[string]any) (*sioClient, map[string]any, error) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c := &sioClient{t: t, notify: make(chan struct{}, 1)}
+	c := &sioClient{t: t, notify: make(chan struct{}, 1), closed: make(chan struct{})}
 	cl, err := sioclient.Dial(ctx, baseURL, sioclient.Options{
-		Auth:      map[string]string{"token": token},
+		Auth:      auth,
 		ReadLimit: 1 << 20,
 		OnEvent:   c.record,
 	})
 	var refused *sioclient.ConnectError
 	if errors.As(err, &refused) {
-		return nil, errors.New(refused.Message)
+		return nil, nil, errors.New(refused.Message)
 	}
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	c.cl, c.conn = cl, cl.Conn()
+	c.cl, c.conn, c.done = cl, cl.Conn(), cl.Done()
+	go func() {
+		<-cl.Done()
+		c.mu.Lock()
+		c.closedAt = time.Now()
+		c.mu.Unlock()
+		close(c.closed)
+	}()
 	t.Cleanup(cl.Kill)
-	return c, nil
+	return c, map[string]any{"sid": cl.ID(), "pid": cl.PID()}, nil
+}
+
+// waitClosed waits until the server ends the connection and returns when
+// it ended.
+func (c *sioClient) waitClosed(within time.Duration) time.Time {
+	c.t.Helper()
+	select {
+	case <-c.closed:
+	case <-time.After(within):
+		c.t.Fatalf("the connection is still open after %s", within)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closedAt
 }
 
 func mustDialSIO(t testing.TB, baseURL, token string) *sioClient {
@@ -68,6 +102,9 @@ func (c *sioClient) record(e sioclient.Event) {
 	ev := sioEvent{Name: e.Name, At: time.Now()}
 	if len(e.Args) > 0 {
 		_ = json.Unmarshal(e.Args[0], &ev.Payload)
+	}
+	if len(e.Args) > 1 {
+		_ = json.Unmarshal(e.Args[len(e.Args)-1], &ev.Offset)
 	}
 	c.mu.Lock()
 	c.events = append(c.events, ev)

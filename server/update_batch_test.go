@@ -39,7 +39,7 @@ func wantItem(t *testing.T, it map[string]any, taskID, want string) {
 		if task == nil || task["id"] != taskID || task["status"] != want || it["problem"] != nil {
 			t.Fatalf("result %v, want the task %s", it, want)
 		}
-		wantKeys(t, "batch result task", task, append(taskFields, "attempt", "result")...)
+		wantKeys(t, "batch result task", task, append(taskFields, taskFieldsBeyond...)...)
 		return
 	}
 	p, _ := it["problem"].(map[string]any)

@@ -69,6 +69,7 @@ type options struct {
 	floor                  bool
 	flow                   string
 	start                  bool
+	progressRate           int
 }
 
 func main() {
@@ -86,6 +87,7 @@ func main() {
 	flag.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the joblib rounds to this file")
 	flag.StringVar(&o.flow, "flow", "contract", "how joblib's workers report: contract (PATCH running and PATCH completed per task), batch (POST /tasks/update-batch per claimed batch and status), socket (claim_tasks and update_tasks over each worker's Socket.IO connection, no HTTP)")
 	flag.BoolVar(&o.start, "start", false, "with -flow batch or socket: claims start the tasks (running at once), so workers report only completed")
+	flag.IntVar(&o.progressRate, "progress-rate", 0, "joblib: another worker reports this many task progresses per second (PATCH {\"progress\"}) on 100 tasks it holds while the workers claim and report")
 	flag.BoolVar(&o.floor, "floor", false, "PostgreSQL: also run the HTTP floor, the contract's three requests per task to a server that runs only the raw loop's statements")
 	flag.Parse()
 	if err := run(context.Background(), o); err != nil {
@@ -207,6 +209,9 @@ func run(ctx context.Context, o options) error {
 	if o.batch > 1 {
 		label += fmt.Sprintf("-batch%d", o.batch)
 	}
+	if o.progressRate > 0 {
+		label += fmt.Sprintf("-progress%d", o.progressRate)
+	}
 	fmt.Printf("database=%s workers=%d tasks/round=%d rounds=%d\n", db.Dialect(), o.workers, o.tasks, o.rounds)
 	jt := summary(label, jrs, db.Dialect() == models.Postgres)
 	if rb != nil {
@@ -283,6 +288,8 @@ type joblibBench struct {
 	rt         *server.Realtime
 	socks      []*benchSocket // -flow socket: one per worker
 	statements *atomic.Int64
+	// held are the tasks -progress-rate reports progress on.
+	held []string
 	// prof, when set, receives a CPU profile of the first round's timed
 	// phase (claims and updates, not the submissions that fill the queue).
 	prof *os.File
@@ -330,7 +337,75 @@ func newJoblibBench(ctx context.Context, db *models.DB, statements *atomic.Int64
 			b.socks = append(b.socks, so)
 		}
 	}
+	if o.progressRate > 0 {
+		if err := b.holdTasks(); err != nil {
+			b.close()
+			return nil, err
+		}
+	}
 	return b, nil
+}
+
+// holdTasks makes another worker hold 100 running tasks of its own job, for
+// -progress-rate to report on.
+func (b *joblibBench) holdTasks() error {
+	var job map[string]any
+	if err := b.c.do("PUT", "/rooms/bench/jobs", map[string]any{"category": "modifiers", "name": "Hold"}, &job); err != nil {
+		return err
+	}
+	for i := range 100 {
+		if err := b.c.do("POST", "/rooms/bench/tasks/bench:modifiers:Hold", map[string]any{"payload": map[string]any{"i": i}}, nil); err != nil {
+			return err
+		}
+	}
+	var out struct {
+		Tasks []struct {
+			ID string `json:"id"`
+		} `json:"tasks"`
+	}
+	if err := b.c.do("POST", "/tasks/claim-batch", map[string]any{"worker_id": job["worker_id"], "limit": 100, "start": true}, &out); err != nil {
+		return err
+	}
+	for _, t := range out.Tasks {
+		b.held = append(b.held, t.ID)
+	}
+	return nil
+}
+
+// reportProgress sends -progress-rate progress reports per second, spread
+// over the held tasks, until stop is closed; it returns how many it sent.
+func (b *joblibBench) reportProgress(stop <-chan struct{}) func() (int64, error) {
+	// Enough senders that each waits 50 ms between reports: a report's
+	// latency under load does not cap the rate.
+	senders := max(8, b.o.progressRate/20)
+	var sent atomic.Int64
+	var failed atomic.Value
+	var wg sync.WaitGroup
+	every := time.Second * time.Duration(senders) / time.Duration(b.o.progressRate)
+	for s := range senders {
+		wg.Go(func() {
+			tick := time.NewTicker(every)
+			defer tick.Stop()
+			for i := s; ; i += senders {
+				select {
+				case <-stop:
+					return
+				case <-tick.C:
+				}
+				id := b.held[i%len(b.held)]
+				if err := b.c.do("PATCH", "/tasks/"+id, map[string]any{"progress": map[string]any{"current": i, "total": 1 << 30, "message": "bench"}}, nil); err != nil {
+					failed.Store(err)
+					return
+				}
+				sent.Add(1)
+			}
+		})
+	}
+	return func() (int64, error) {
+		wg.Wait()
+		err, _ := failed.Load().(error)
+		return sent.Load(), err
+	}
 }
 
 func (b *joblibBench) close() {
@@ -375,8 +450,21 @@ func (b *joblibBench) round(ctx context.Context) (result, error) {
 	s0 := b.statements.Load()
 	c0, p0 := sampleCPU(), backendCPU(ctx, "j")
 	start := time.Now()
+	var progressDone func() (int64, error)
+	stopProgress := make(chan struct{})
+	if b.o.progressRate > 0 {
+		progressDone = b.reportProgress(stopProgress)
+	}
 	claims, tasks, err := workLoop(b.o.workers, b.claim, b.report)
 	r := result{elapsed: time.Since(start), claims: claims, statements: b.statements.Load() - s0, tasks: tasks}
+	close(stopProgress)
+	if progressDone != nil {
+		n, perr := progressDone()
+		if perr != nil && err == nil {
+			err = fmt.Errorf("progress report: %w", perr)
+		}
+		fmt.Printf("  progress reports: %d (%.0f/s)\n", n, float64(n)/r.elapsed.Seconds())
+	}
 	r.proc, r.machine = sampleCPU().since(c0)
 	r.pg = backendCPU(ctx, "j").since(p0)
 	if b.prof != nil {

@@ -68,7 +68,8 @@ func (e *cmdEnv) config() (Config, *slog.Logger, error) {
 		if warn == nil { // the configuration is broken: warn in plain text
 			warn = slog.New(slog.NewTextHandler(e.stderr, nil))
 		}
-		for _, w := range unknownVariables(e.environ) {
+		_, aliases := resolveAliases(e.environ)
+		for _, w := range append(aliases, unknownVariables(e.environ)...) {
 			warn.Warn(w)
 		}
 	}

@@ -129,7 +129,15 @@ func TestCLIUsageErrors(t *testing.T) {
 		{[]string{"tasks", "retry", "not-a-uuid"}, `"not-a-uuid" is not a task id`},
 		{[]string{"token", "create"}, "--user is required"},
 		{[]string{"workers", "list", "extra"}, `unexpected argument "extra"`},
-		{[]string{"sweep", "--threshold", "soon"}, `invalid value "soon" for flag -threshold`},
+		{[]string{"sweep", "--threshold", "soon"}, `--threshold must be a positive duration, e.g. 90s or 90 (seconds), got "soon"`},
+		// Below twice the socket keep-alive (10 s by default) a sweep would
+		// reap live socket workers.
+		{[]string{"sweep", "--fix", "--threshold", "5s"}, "below twice the socket keep-alive interval (10s)"},
+		{[]string{"sweep", "--threshold", "19"}, "use at least 20s"},
+		{[]string{"audit", "list", "--action", "bogus"}, `--action "bogus" is not an audited action; one of task_retry, task_cancel, worker_delete,`},
+		{[]string{"tasks", "cancel", "nope"}, `"nope" is not a task id`},
+		{[]string{"workers", "delete"}, "want 1 argument(s) (ID), got 0"},
+		{[]string{"health", "--url", "localhost:8080"}, `"localhost:8080" is not a server URL such as http://host:8080`},
 	} {
 		line := "joblib " + strings.Join(c.args, " ")
 		code, out, errOut := runBin(t, dir, nil, c.args...)
@@ -163,7 +171,9 @@ func TestOperatorCommandsNeverCreateADatabase(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	cmds := [][]string{{"workers", "list"}, {"tasks", "list"}, {"sweep"}, {"sweep", "--fix"},
-		{"token", "create", "--user", "ops"}, {"tasks", "retry", "0b0f6a4e-2f59-4c43-9a53-1f0a3b0e3c11"}}
+		{"token", "create", "--user", "ops"}, {"tasks", "retry", "0b0f6a4e-2f59-4c43-9a53-1f0a3b0e3c11"},
+		{"tasks", "cancel", "0b0f6a4e-2f59-4c43-9a53-1f0a3b0e3c11"}, {"workers", "delete", "0b0f6a4e-2f59-4c43-9a53-1f0a3b0e3c11"},
+		{"jobs", "list"}, {"rooms", "list"}}
 	for _, args := range cmds {
 		line := "joblib " + strings.Join(args, " ")
 		code, _, errOut := runBin(t, dir, nil, args...)
@@ -394,7 +404,7 @@ func TestServeBusyPortKeepsTheAdminToken(t *testing.T) {
 		t.Fatalf("health while serving: exit %d %s %s", code, out, errOut)
 	}
 	p.stop(t)
-	if code, _, errOut := runBin(t, dir, []string{"JOBLIB_LISTEN_ADDR=" + p.addr}, "health"); code != 1 || !strings.Contains(errOut, "/readyz") {
+	if code, _, errOut := runBin(t, dir, []string{"JOBLIB_LISTEN_ADDR=" + p.addr}, "health"); code != 1 || !strings.Contains(errOut, "no server listens at http://127.0.0.1:") {
 		t.Fatalf("health after stop: exit %d %s", code, errOut)
 	}
 	// A restart on the same database prints no token.

@@ -55,9 +55,10 @@ type Config struct {
 // loadConfig parses the environment (a map, so tests stay hermetic) and
 // validates it. Errors name the offending variable.
 func loadConfig(environ map[string]string) (Config, error) {
-	cfg, err := env.ParseAsWithOptions[Config](env.Options{Prefix: envPrefix, Environment: environ})
+	environ, _ = resolveAliases(environ)
+	cfg, err := env.ParseAsWithOptions[Config](env.Options{Prefix: envPrefix, Environment: environ, FuncMap: envParsers})
 	if err != nil {
-		return cfg, describeEnvError(err)
+		return cfg, describeEnvError(err, environ)
 	}
 	if err := cfg.validate(); err != nil {
 		return cfg, err
@@ -142,8 +143,10 @@ func validateListenAddr(addr string) error {
 	return nil
 }
 
-// otherVariables are JOBLIB_ variables read outside Config.
-var otherVariables = []string{"JOBLIB_TEST_DATABASE_URL"}
+// otherVariables are JOBLIB_ variables read outside Config: the test
+// suite's database, and the client variables of the examples, which a shell
+// exports for them (the server ignores them without a warning).
+var otherVariables = []string{"JOBLIB_TEST_DATABASE_URL", "JOBLIB_CLIENT_URL", "JOBLIB_CLIENT_TOKEN", "JOBLIB_URL", "JOBLIB_TOKEN"}
 
 // knownVariables lists every JOBLIB_ variable joblib reads.
 func knownVariables() []string {
@@ -221,8 +224,9 @@ func parseLevel(s string) (slog.Level, error) {
 	return l, nil
 }
 
-// describeEnvError rewrites env's field-named errors to name the variables.
-func describeEnvError(err error) error {
+// describeEnvError rewrites env's field-named errors to name the variables
+// and their values (never a Go type: the parsers' errors say the form).
+func describeEnvError(err error, environ map[string]string) error {
 	vars := map[string]string{}
 	collectEnvNames(reflect.TypeOf(Config{}), vars)
 	var agg env.AggregateError
@@ -237,7 +241,7 @@ func describeEnvError(err error) error {
 			if name == "" {
 				name = pe.Name
 			}
-			msgs = append(msgs, fmt.Sprintf("%s: invalid %s value: %v", name, pe.Type, pe.Err))
+			msgs = append(msgs, fmt.Sprintf("%s=%q: %v", name, environ[name], pe.Err))
 			continue
 		}
 		msgs = append(msgs, e.Error())

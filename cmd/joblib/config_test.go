@@ -92,8 +92,8 @@ func TestConfigFromEnvironment(t *testing.T) {
 			s := c.Settings
 			return s.TaskRetentionCompleted == 0 && s.TaskRetentionFailed == 720*time.Hour && s.TaskRetentionBatch == 50
 		}},
-		// Variables of other programs (the Python server's prefix) are ignored.
-		{map[string]string{"ZNDRAW_JOBLIB_WORKER_TIMEOUT_SECONDS": "120", "WORKER_TIMEOUT": "1s"}, func(c Config) bool {
+		// Variables without the prefix are not read.
+		{map[string]string{"WORKER_TIMEOUT": "1s"}, func(c Config) bool {
 			return c.Settings.WorkerTimeout == 60*time.Second
 		}},
 	}
@@ -114,7 +114,7 @@ func TestConfigInvalidValuesNameTheVariable(t *testing.T) {
 	t.Parallel()
 	cases := map[string]string{
 		"JOBLIB_WORKER_TIMEOUT":              "abc",
-		"JOBLIB_SWEEPER_INTERVAL":            "30", // no unit
+		"JOBLIB_SWEEPER_INTERVAL":            "30 seconds",
 		"JOBLIB_INTERNAL_TASK_TIMEOUT":       "-1h",
 		"JOBLIB_LONG_POLL_MAX_WAIT":          "-5s",
 		"JOBLIB_PROVIDER_RESULT_TTL":         "0s",
@@ -171,7 +171,7 @@ func TestConfigCredentials(t *testing.T) {
 	}
 	s, st := def.Server, def.Settings
 	if s.JWTAudience != "fastapi-users:auth" || s.JWTAlgorithm != "HS256" || s.JWTLeeway != 30*time.Second || s.CredentialCacheTTL != 5*time.Second ||
-		s.RoomAuth.URL != "" || s.RoomAuth.Timeout != 2*time.Second || s.RoomAuth.CacheTTL != 5*time.Second || s.RoomAuth.CacheSize != 10000 || s.RoomAuth.FailOpen ||
+		s.RoomAuth.URL != "" || s.RoomAuth.Timeout != 2*time.Second || s.RoomAuth.CacheTTL != 5*time.Second || s.RoomAuth.CacheSize != 10000 || s.RoomAuth.FailOpen || s.RoomAuth.Rate != 50 || s.RoomAuth.Burst != 500 || s.AuthFailureRate != 50 || s.AuthFailureBurst != 500 ||
 		st.UserMaxWorkers != 1000 || st.UserMaxProviders != 1000 || st.UserMaxPendingTasks != 100000 {
 		t.Fatalf("defaults %+v %+v", s, st)
 	}
@@ -228,5 +228,89 @@ func TestConfigClusterVariables(t *testing.T) {
 	}
 	if _, err := loadConfig(map[string]string{"JOBLIB_BUS_URL": "nats://a:4222", "JOBLIB_BUS_SUBJECT": "joblib.*"}); err == nil || !strings.Contains(err.Error(), "JOBLIB_BUS_SUBJECT") {
 		t.Errorf("wildcard subject: %v", err)
+	}
+}
+
+// A deployment configured for the Python server works as it is: durations
+// are also bare numbers of seconds, booleans also yes/no, and a bad value's
+// error says the expected form with an example, never a Go type.
+func TestConfigFormsOfAPythonDeployment(t *testing.T) {
+	t.Parallel()
+	cfg, err := loadConfig(map[string]string{"JOBLIB_WORKER_TIMEOUT": "60", "JOBLIB_SWEEPER_INTERVAL": "0.5",
+		"JOBLIB_PUBLIC_READS": "yes", "JOBLIB_BUILTIN_JOBS": "1", "JOBLIB_NOTIFY_AFTER_COMMIT": "No", "JOBLIB_TASK_RETENTION_FAILED": "1h"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := cfg.Settings; s.WorkerTimeout != time.Minute || s.SweeperInterval != 500*time.Millisecond || s.TaskRetentionFailed != time.Hour ||
+		!cfg.Server.PublicReads || !cfg.BuiltinJobs || s.NotifyAfterCommit {
+		t.Fatalf("config %+v", cfg)
+	}
+	for _, c := range []struct{ name, value, want string }{
+		{"JOBLIB_WORKER_TIMEOUT", "abc", "90s"},
+		{"JOBLIB_WORKER_TIMEOUT", "NaN", "90s"},
+		{"JOBLIB_PUBLIC_READS", "maybe", "true or false"},
+		{"JOBLIB_MAX_BODY_BYTES", "8MB", "whole number"},
+		{"JOBLIB_SUBMIT_RATE", "fast", "a number, e.g."},
+		{"JOBLIB_ALLOWED_CATEGORIES", `[1, 2]`, `["modifiers","analysis"]`},
+	} {
+		_, err := loadConfig(map[string]string{c.name: c.value})
+		if err == nil {
+			t.Errorf("%s=%q accepted", c.name, c.value)
+			continue
+		}
+		msg := err.Error()
+		if !strings.Contains(msg, c.name) || !strings.Contains(msg, c.want) {
+			t.Errorf("%s=%q: %q, want the variable and %q", c.name, c.value, msg, c.want)
+		}
+		for _, goSpeak := range []string{"time.Duration", "strconv", "int64", "float64", "bool value", "Go value", "[]string"} {
+			if strings.Contains(msg, goSpeak) {
+				t.Errorf("%s=%q: %q speaks Go (%s)", c.name, c.value, msg, goSpeak)
+			}
+		}
+	}
+}
+
+// The zndraw-joblib variables are read as aliases (names in any case, as
+// pydantic-settings reads them), each with a warning naming joblib's
+// variable; joblib's own wins when both are set. The examples' client
+// variables are known and draw no warning.
+func TestConfigZnDrawAliases(t *testing.T) {
+	t.Parallel()
+	environ := map[string]string{
+		"ZNDRAW_JOBLIB_WORKER_TIMEOUT_SECONDS":        "120",
+		"zndraw_joblib_allowed_categories":            `["custom"]`,
+		"ZNDRAW_JOBLIB_ALLOWED_PROVIDER_CATEGORIES":   "null",
+		"ZNDRAW_JOBLIB_PROVIDER_RESULT_TTL_SECONDS":   "600",
+		"ZNDRAW_JOBLIB_SWEEPER_INTERVAL_SECONDS":      "5",
+		"JOBLIB_SWEEPER_INTERVAL":                     "7s",
+		"ZNDRAW_JOBLIB_CLAIM_MAX_ATTEMPTS":            "20",
+		"ZNDRAW_JOBLIB_INTERNAL_TASK_TIMEOUT_SECONDS": "90",
+	}
+	cfg, err := loadConfig(environ)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := cfg.Settings
+	if s.WorkerTimeout != 2*time.Minute || !reflect.DeepEqual(s.AllowedCategories, joblib.List{"custom"}) || len(s.AllowedProviderCategories) != 0 ||
+		s.ProviderResultTTL != 10*time.Minute || s.SweeperInterval != 7*time.Second || s.InternalTaskTimeout != 90*time.Second {
+		t.Fatalf("settings %+v", s)
+	}
+	_, warnings := resolveAliases(environ)
+	all := strings.Join(warnings, "\n")
+	for _, want := range []string{
+		"ZNDRAW_JOBLIB_WORKER_TIMEOUT_SECONDS is read as JOBLIB_WORKER_TIMEOUT; set JOBLIB_WORKER_TIMEOUT instead",
+		"zndraw_joblib_allowed_categories is read as JOBLIB_ALLOWED_CATEGORIES",
+		"ZNDRAW_JOBLIB_SWEEPER_INTERVAL_SECONDS is ignored: JOBLIB_SWEEPER_INTERVAL is set and wins",
+		"ZNDRAW_JOBLIB_CLAIM_MAX_ATTEMPTS is ignored",
+	} {
+		if !strings.Contains(all, want) {
+			t.Errorf("no warning %q in:\n%s", want, all)
+		}
+	}
+	if len(warnings) != len(environ)-1 {
+		t.Errorf("%d warnings for %d aliases:\n%s", len(warnings), len(environ)-1, all)
+	}
+	if w := unknownVariables(map[string]string{"JOBLIB_CLIENT_URL": "http://h:8080", "JOBLIB_CLIENT_TOKEN": "jl_x", "JOBLIB_URL": "u", "JOBLIB_TOKEN": "t"}); len(w) != 0 {
+		t.Errorf("client variables warned about: %v", w)
 	}
 }

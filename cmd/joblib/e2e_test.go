@@ -97,6 +97,13 @@ func launchServe(t *testing.T, env ...string) *proc {
 	cmd := exec.Command(joblibBinary(t), "serve")
 	cmd.Env = append(os.Environ(), append([]string{"JOBLIB_LISTEN_ADDR=127.0.0.1:0"}, env...)...)
 	cmd.Dir = t.TempDir()
+	return launchCmd(t, cmd)
+}
+
+// launchCmd starts cmd, a `joblib serve` (possibly behind a wrapper such as
+// unshare), without waiting for it to listen.
+func launchCmd(t *testing.T, cmd *exec.Cmd) *proc {
+	t.Helper()
 	pr, pw := io.Pipe()
 	p := &proc{cmd: cmd, stderr: &syncBuffer{}, stdout: &syncBuffer{}, done: make(chan error, 1), listening: make(chan string, 1)}
 	cmd.Stderr = io.MultiWriter(pw, p.stderr)

@@ -49,6 +49,8 @@ func root() *command {
 			sweepCommand(),
 			workersCommand(),
 			tasksCommand(),
+			jobsCommand(),
+			roomsCommand(),
 			healthCommand(),
 			versionCommand(),
 		},
@@ -73,7 +75,18 @@ func newLogger(cfg Config, w io.Writer) (*slog.Logger, error) {
 	}
 	opts := &slog.HandlerOptions{Level: level}
 	if cfg.LogFormat == "json" {
+		opts.ReplaceAttr = secondsAttr
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
 	return slog.New(slog.NewTextHandler(w, opts)), nil
+}
+
+// secondsAttr writes durations in JSON logs as seconds (a number), as log
+// pipelines and the configuration's bare numbers expect, not as the
+// nanosecond integers slog's JSON handler writes.
+func secondsAttr(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		a.Value = slog.Float64Value(a.Value.Duration().Seconds())
+	}
+	return a
 }

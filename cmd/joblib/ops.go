@@ -3,12 +3,13 @@ package main
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/zndraw/joblib/events"
 	"github.com/zndraw/joblib/joblib"
 	"github.com/zndraw/joblib/models"
+	"github.com/zndraw/joblib/server"
 )
 
 // openDB opens the configured database and migrates it. Only serve and
@@ -164,7 +166,8 @@ func tokenCommand() *command {
 			opsCommand("create", "create an API token (and the user if new) and print it", func(fs *flag.FlagSet) func(context.Context, opsEnv) error {
 				user := fs.String("user", "", "user `NAME` (created if new); required")
 				super := fs.Bool("superuser", false, "make the user a superuser")
-				ttl := fs.Duration("ttl", 0, "the token expires this long after now, e.g. 720h (0: never)")
+				ttl := new(time.Duration)
+				fs.Var(durationFlag{ttl}, "ttl", "the token expires this long after now, e.g. 720h or 3600 (seconds); 0: never")
 				return func(ctx context.Context, o opsEnv) error {
 					if *user == "" {
 						return o.env.usageErr("joblib token create", "--user is required")
@@ -200,7 +203,7 @@ func tokenCommand() *command {
 						return fmt.Errorf("token list: %w", err)
 					}
 					if *asJSON {
-						return json.NewEncoder(o.stdout()).Encode(map[string]any{"items": ts})
+						return writeJSON(o.stdout(), map[string]any{"items": ts}, false)
 					}
 					tw := tabwriter.NewWriter(o.stdout(), 0, 4, 2, ' ', 0)
 					fmt.Fprintln(tw, "TOKEN ID\tUSER\tNAME\tCREATED\tLAST USED\tEXPIRES\tREVOKED")
@@ -222,12 +225,15 @@ func auditCommand() *command {
 		summary: "operator and admin actions",
 		subs: []*command{
 			opsCommand("list", "list audited actions, newest first", func(fs *flag.FlagSet) func(context.Context, opsEnv) error {
-				action := fs.String("action", "", "only entries of this action (task_retry, token_create, token_revoke, job_policy_change, task_status_override, worker_delete_override, provider_delete_override)")
+				action := fs.String("action", "", "only entries of this action ("+strings.Join(joblib.AuditActions, ", ")+")")
 				limit := fs.Int("limit", 100, "at most `N` entries")
 				asJSON := fs.Bool("json", false, "print JSON")
 				return func(ctx context.Context, o opsEnv) error {
 					if *limit < 1 {
 						return o.env.usageErr("joblib audit list", "--limit must be positive")
+					}
+					if *action != "" && !slices.Contains(joblib.AuditActions, *action) {
+						return o.env.usageErr("joblib audit list", "--action %q is not an audited action; one of %s", *action, strings.Join(joblib.AuditActions, ", "))
 					}
 					svc, closeFn, err := o.service(ctx)
 					if err != nil {
@@ -239,7 +245,7 @@ func auditCommand() *command {
 						return fmt.Errorf("audit list: %w", err)
 					}
 					if *asJSON {
-						return json.NewEncoder(o.stdout()).Encode(map[string]any{"items": es})
+						return writeJSON(o.stdout(), map[string]any{"items": es}, false)
 					}
 					tw := tabwriter.NewWriter(o.stdout(), 0, 4, 2, ' ', 0)
 					fmt.Fprintln(tw, "TIME\tACTION\tACTOR\tSUBJECT\tDETAIL")
@@ -264,102 +270,79 @@ func fmtTime(t *time.Time) string {
 	return t.UTC().Format(time.RFC3339)
 }
 
-// sweepWorker is one worker in `joblib sweep` output.
-type sweepWorker struct {
-	ID            uuid.UUID   `json:"id"`
-	UserID        uuid.UUID   `json:"user_id"`
-	LastHeartbeat time.Time   `json:"last_heartbeat"`
-	DBNow         time.Time   `json:"db_now"`
-	AgeSeconds    float64     `json:"age_seconds"`
-	Reason        string      `json:"reason"`
-	SessionEpoch  int64       `json:"session_epoch"`
-	NodeID        *string     `json:"node_id"`
-	NodeRun       *string     `json:"node_run"`
-	FailedTasks   []uuid.UUID `json:"failed_tasks"`
-	RequeuedTasks []uuid.UUID `json:"requeued_tasks"`
-	Providers     int         `json:"providers"`
-	OrphanJobs    []string    `json:"orphan_jobs"`
-}
-
-type sweepOutput struct {
-	SweepID          uuid.UUID     `json:"sweep_id"`
-	DryRun           bool          `json:"dry_run"`
-	Threshold        string        `json:"threshold"`
-	ThresholdSeconds float64       `json:"threshold_seconds"`
-	Workers          []sweepWorker `json:"workers"`
-	StuckInternal    []uuid.UUID   `json:"stuck_internal_tasks"`
-	TasksFailed      int           `json:"tasks_failed"`
-	TasksRequeued    int           `json:"tasks_requeued"`
-	OrphanJobs       int           `json:"orphan_jobs"`
-}
-
 func sweepCommand() *command {
 	return opsCommand("sweep", "show the stale workers a sweep would clean and why (dry run); --fix cleans them", func(fs *flag.FlagSet) func(context.Context, opsEnv) error {
-		fix := fs.Bool("fix", false, "clean the stale workers (default: dry run, change nothing)")
+		fix := fs.Bool("fix", false, "clean the stale workers (default: dry run, change nothing); through the running server when there is one")
 		asJSON := fs.Bool("json", false, "print JSON")
-		threshold := fs.Duration("threshold", 0, "stale = no heartbeat for longer than this, by the database's clock (default JOBLIB_WORKER_TIMEOUT)")
+		threshold := fs.String("threshold", "", "stale = no heartbeat for longer than this, by the database's clock, e.g. 90s or 90 (seconds); at least twice the socket keep-alive (default JOBLIB_WORKER_TIMEOUT)")
+		srv := serverFlag(fs)
 		return func(ctx context.Context, o opsEnv) error {
-			return sweep(ctx, o, *fix, *asJSON, *threshold)
+			d := time.Duration(0)
+			if *threshold != "" {
+				var err error
+				if d, err = parseDurationValue(*threshold); err != nil || d <= 0 {
+					return o.env.usageErr("joblib sweep", "--threshold must be a positive duration, e.g. 90s or 90 (seconds), got %q", *threshold)
+				}
+			}
+			return sweep(ctx, o, *fix, *asJSON, d, *srv)
 		}
 	})
 }
 
-func sweep(ctx context.Context, o opsEnv, fix, asJSON bool, threshold time.Duration) error {
+func sweep(ctx context.Context, o opsEnv, fix, asJSON bool, threshold time.Duration, serverURL string) error {
 	stdout := o.stdout()
-	if threshold < 0 {
-		return o.env.usageErr("joblib sweep", "--threshold must be positive")
-	}
 	if threshold == 0 {
 		threshold = o.cfg.Settings.WorkerTimeout
+	}
+	keepAlive := server.KeepAliveInterval(o.cfg.Realtime, o.cfg.Settings.WorkerTimeout)
+	if err := joblib.CheckSweepThreshold(threshold, keepAlive); err != nil {
+		e, _ := joblib.AsError(err)
+		return o.env.usageErr("joblib sweep", "%s (the keep-alive interval is JOBLIB_SOCKET_KEEPALIVE_INTERVAL)", e.Detail)
 	}
 	svc, closeFn, err := o.service(ctx)
 	if err != nil {
 		return err
 	}
 	defer closeFn()
-	rep, err := svc.Sweep(ctx, joblib.SweepParams{Path: joblib.PathOperator, Threshold: threshold, DryRun: !fix})
+	var out server.SweepView
+	err = errNoServer
+	if fix {
+		secs := threshold.Seconds()
+		err = o.viaServer(ctx, svc, serverURL, o.operatorName(""), http.MethodPost, "/dashboard/sweep", server.SweepRequest{ThresholdSeconds: &secs}, &out)
+	}
+	if errors.Is(err, errNoServer) {
+		var rep joblib.SweepReport
+		rep, err = svc.Sweep(ctx, joblib.SweepParams{Path: joblib.PathOperator, Threshold: threshold, DryRun: !fix})
+		if err == nil {
+			var owners map[uuid.UUID]string
+			owners, err = server.SweepOwners(ctx, svc, rep)
+			out = server.NewSweepView(rep, owners)
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("sweep: %w", err)
 	}
-	out := sweepOutput{SweepID: rep.SweepID, DryRun: rep.DryRun, Threshold: rep.Threshold.String(), ThresholdSeconds: rep.Threshold.Seconds(),
-		Workers: []sweepWorker{}, StuckInternal: []uuid.UUID{}, TasksFailed: rep.Result.TasksFailed,
-		TasksRequeued: rep.Result.TasksRequeued, OrphanJobs: rep.Result.OrphanJobs}
-	for _, w := range rep.Result.Workers {
-		age := w.DBNow.Sub(w.LastHeartbeat.Time)
-		out.Workers = append(out.Workers, sweepWorker{
-			ID: w.ID, UserID: w.UserID, LastHeartbeat: w.LastHeartbeat.UTC(), DBNow: w.DBNow.UTC(), AgeSeconds: age.Seconds(),
-			Reason:       fmt.Sprintf("no heartbeat for %s > threshold %s (database clock)", age.Round(time.Millisecond), rep.Threshold),
-			SessionEpoch: w.SessionEpoch, NodeID: w.NodeID, NodeRun: w.NodeRun,
-			FailedTasks: orEmpty(w.FailedTaskIDs), RequeuedTasks: orEmpty(w.RequeuedTaskIDs), Providers: w.ProvidersGone,
-			OrphanJobs: orEmptyS(w.OrphanJobs),
-		})
-	}
-	for _, t := range rep.StuckInternal {
-		out.StuckInternal = append(out.StuckInternal, t.ID)
-	}
 	if asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(out)
+		return writeJSON(stdout, out, true)
 	}
 	verb := "would clean"
-	if !rep.DryRun {
+	if !out.DryRun {
 		verb = "cleaned"
 	}
 	fmt.Fprintf(stdout, "sweep %s: %s %d stale worker(s) (threshold %s): %d task(s) failed, %d requeued, %d job(s) orphaned; %d stuck internal task(s)\n",
-		rep.SweepID, verb, len(out.Workers), rep.Threshold, out.TasksFailed, out.TasksRequeued, out.OrphanJobs, len(out.StuckInternal))
+		out.SweepID, verb, len(out.Workers), out.Threshold, out.TasksFailed, out.TasksRequeued, out.OrphanJobs, len(out.StuckInternal))
 	if len(out.Workers) > 0 {
 		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "WORKER\tUSER\tLAST HEARTBEAT\tAGE\tNODE\tFAIL\tREQUEUE\tPROVIDERS\tORPHAN JOBS")
 		for _, w := range out.Workers {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\n", w.ID, w.UserID, w.LastHeartbeat.Format(time.RFC3339), time.Duration(w.AgeSeconds*float64(time.Second)).Round(time.Second),
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\n", w.ID, cmp.Or(w.UserName, "-"), w.LastHeartbeat.Format(time.RFC3339), time.Duration(w.AgeSeconds*float64(time.Second)).Round(time.Second),
 				deref(w.NodeID), len(w.FailedTasks), len(w.RequeuedTasks), w.Providers, strings.Join(w.OrphanJobs, ","))
 		}
 		if err := tw.Flush(); err != nil {
 			return err
 		}
 	}
-	if rep.DryRun && len(out.Workers)+len(out.StuckInternal) > 0 {
+	if out.DryRun && len(out.Workers)+len(out.StuckInternal) > 0 {
 		fmt.Fprintln(stdout, "dry run: nothing changed; run with --fix to clean")
 	}
 	return nil
@@ -381,7 +364,7 @@ type workerRow struct {
 func workersCommand() *command {
 	return &command{
 		name:    "workers",
-		summary: "inspect workers",
+		summary: "inspect and delete workers",
 		subs: []*command{
 			opsCommand("list", "list workers, newest first: owner, heartbeat age by the database clock, socket binding", func(fs *flag.FlagSet) func(context.Context, opsEnv) error {
 				asJSON := fs.Bool("json", false, "print JSON")
@@ -390,6 +373,7 @@ func workersCommand() *command {
 					return listWorkers(ctx, o, *asJSON, *limit)
 				}
 			}),
+			deleteWorkerCommand(),
 		},
 	}
 }
@@ -435,7 +419,7 @@ func listWorkers(ctx context.Context, o opsEnv, asJSON bool, limit int) error {
 	}
 	stdout := o.stdout()
 	if asJSON {
-		return json.NewEncoder(stdout).Encode(map[string]any{"total": total, "worker_timeout": timeout.String(), "items": rows})
+		return writeJSON(stdout, map[string]any{"total": total, "worker_timeout": timeout.String(), "items": rows}, false)
 	}
 	fmt.Fprintf(stdout, "%d worker(s) (showing %d; stale after %s)\n", total, len(rows), timeout)
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
@@ -454,7 +438,7 @@ func listWorkers(ctx context.Context, o opsEnv, asJSON bool, limit int) error {
 func tasksCommand() *command {
 	return &command{
 		name:    "tasks",
-		summary: "inspect and retry tasks",
+		summary: "inspect, retry and cancel tasks",
 		subs: []*command{
 			opsCommand("list", "list tasks, newest first", func(fs *flag.FlagSet) func(context.Context, opsEnv) error {
 				status := fs.String("status", "", "only tasks in this status (pending, claimed, running, completed, failed, cancelled)")
@@ -466,6 +450,7 @@ func tasksCommand() *command {
 				}
 			}),
 			retryCommand(),
+			cancelCommand(),
 			pruneCommand(),
 		},
 	}
@@ -505,7 +490,7 @@ func listTasks(ctx context.Context, o opsEnv, status, room string, limit int, as
 	}
 	stdout := o.stdout()
 	if asJSON {
-		return json.NewEncoder(stdout).Encode(map[string]any{"total": total, "items": rows})
+		return writeJSON(stdout, map[string]any{"total": total, "items": rows}, false)
 	}
 	fmt.Fprintf(stdout, "%d task(s) (showing %d)\n", total, len(rows))
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
@@ -517,29 +502,16 @@ func listTasks(ctx context.Context, o opsEnv, status, room string, limit int, as
 }
 
 func retryCommand() *command {
-	c := opsCommand("retry", "put a failed task back to pending (audited)", func(fs *flag.FlagSet) func(context.Context, opsEnv) error {
-		actor := fs.String("actor", "", "who retries, for the audit log (default $USER)")
-		return func(ctx context.Context, o opsEnv) error {
-			id, err := uuid.Parse(o.args[0])
-			if err != nil {
-				return o.env.usageErr("joblib tasks retry", "%q is not a task id", o.args[0])
-			}
-			who := cmp.Or(*actor, o.env.environ["USER"], "operator")
-			svc, closeFn, err := o.service(ctx)
-			if err != nil {
-				return err
-			}
-			defer closeFn()
-			t, err := svc.RetryTask(ctx, id, "cli:"+who)
-			if err != nil {
-				return fmt.Errorf("tasks retry %s: %w", id, err)
-			}
-			fmt.Fprintf(o.stdout(), "task %s is %s again (job %s, room %s, attempt %d so far)\n", t.ID, t.Status, t.JobName, t.RoomID, t.Attempt)
-			return nil
-		}
+	return operatorAction(operatorActionSpec[joblib.Task]{
+		name: "retry", path: "joblib tasks retry", what: "task", summary: "put a failed task back to pending, as the dashboard does (audited)",
+		method: http.MethodPost, endpoint: func(id uuid.UUID) string { return "/dashboard/tasks/" + id.String() + "/retry" },
+		local: func(ctx context.Context, svc *joblib.Service, id uuid.UUID, actor string) (joblib.Task, error) {
+			return svc.RetryTask(ctx, id, actor)
+		},
+		print: func(w io.Writer, t joblib.Task) {
+			fmt.Fprintf(w, "task %s is %s again (job %s, room %s, attempt %d so far)\n", t.ID, t.Status, t.JobName, t.RoomID, t.Attempt)
+		},
 	})
-	c.args, c.nargs = "ID", 1
-	return c
 }
 
 // pruneCommand is `joblib tasks prune`: what task retention would delete now
@@ -561,8 +533,8 @@ func pruneCommand() *command {
 			st := o.cfg.Settings
 			stdout := o.stdout()
 			if *asJSON {
-				return json.NewEncoder(stdout).Encode(map[string]any{"dry_run": !*fix, "tasks": rep.Deleted, "more": rep.More,
-					"retention_completed": st.TaskRetentionCompleted.String(), "retention_failed": st.TaskRetentionFailed.String()})
+				return writeJSON(stdout, map[string]any{"dry_run": !*fix, "tasks": rep.Deleted, "more": rep.More,
+					"retention_completed": st.TaskRetentionCompleted.String(), "retention_failed": st.TaskRetentionFailed.String()}, false)
 			}
 			verb := "would delete"
 			if *fix {

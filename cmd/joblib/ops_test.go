@@ -17,6 +17,7 @@ import (
 	"github.com/zndraw/joblib/internal/dbtest"
 	"github.com/zndraw/joblib/joblib"
 	"github.com/zndraw/joblib/models"
+	"github.com/zndraw/joblib/server"
 )
 
 // fixture: two stale workers (one holding a claimed task), one live worker,
@@ -123,11 +124,20 @@ func TestSweepCommand(t *testing.T) {
 			f := seed(t, url)
 			before := snapshot(t, url, f.task)
 
-			var plan sweepOutput
-			if err := json.Unmarshal([]byte(runCLI(t, url, "sweep", "--json", "--threshold", "90s")), &plan); err != nil {
+			var plan server.SweepView
+			raw := runCLI(t, url, "sweep", "--json", "--threshold", "90s")
+			if err := json.Unmarshal([]byte(raw), &plan); err != nil {
 				t.Fatal(err)
 			}
-			got := map[uuid.UUID]sweepWorker{}
+			// JSON for people and jq, not for a web page: ">" stays ">".
+			if !strings.Contains(raw, "> threshold 1m30s") || strings.Contains(raw, `\u003e`) {
+				t.Fatalf("sweep --json escapes HTML:\n%s", raw)
+			}
+			// The table names the owner as workers list does.
+			if out := runCLI(t, url, "sweep", "--threshold", "90"); !strings.Contains(out, "  alice  ") || strings.Contains(out, plan.Workers[0].UserID.String()) {
+				t.Fatalf("sweep table:\n%s", out)
+			}
+			got := map[uuid.UUID]server.SweepWorker{}
 			for _, w := range plan.Workers {
 				got[w.ID] = w
 			}
@@ -145,7 +155,7 @@ func TestSweepCommand(t *testing.T) {
 				t.Fatalf("sweep --threshold 1h: %s", out)
 			}
 
-			var done sweepOutput
+			var done server.SweepView
 			if err := json.Unmarshal([]byte(runCLI(t, url, "sweep", "--fix", "--json", "--threshold", "90s")), &done); err != nil {
 				t.Fatal(err)
 			}
@@ -160,6 +170,30 @@ func TestSweepCommand(t *testing.T) {
 			// The owner is shown by name, not by id.
 			if !strings.Contains(out, f.alive.String()) || strings.Contains(out, f.stale[0].String()) || !strings.Contains(out, "  alice  ") {
 				t.Fatalf("workers list:\n%s", out)
+			}
+			// jobs list and rooms list, as the dashboard counts them.
+			var jobs struct {
+				Total int64
+				Items []joblib.DashJob
+			}
+			if err := json.Unmarshal([]byte(runCLI(t, url, "jobs", "list", "--room", "r", "--json")), &jobs); err != nil {
+				t.Fatal(err)
+			}
+			if jobs.Total != 1 || len(jobs.Items) != 1 || jobs.Items[0].FullName != "r:modifiers:j" || jobs.Items[0].Workers != 1 {
+				t.Fatalf("jobs list: %+v", jobs)
+			}
+			if out := runCLI(t, url, "jobs", "list", "--room", "elsewhere"); !strings.Contains(out, "showing 0") {
+				t.Fatalf("jobs list of another room:\n%s", out)
+			}
+			var rooms struct{ Items []joblib.DashRoom }
+			if err := json.Unmarshal([]byte(runCLI(t, url, "rooms", "list", "--json")), &rooms); err != nil {
+				t.Fatal(err)
+			}
+			if len(rooms.Items) != 1 || rooms.Items[0].RoomID != "r" || rooms.Items[0].Jobs != 1 || rooms.Items[0].Tasks["failed"] != 1 {
+				t.Fatalf("rooms list: %+v", rooms)
+			}
+			if out := runCLI(t, url, "rooms", "list"); !strings.Contains(out, "1 room(s)") || !strings.Contains(out, "\nr  ") {
+				t.Fatalf("rooms list:\n%s", out)
 			}
 			out = runCLI(t, url, "tasks", "list", "--status", "failed", "--room", "r")
 			if !strings.Contains(out, f.task.String()) || !strings.Contains(out, "Worker disconnected") {

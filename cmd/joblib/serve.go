@@ -188,13 +188,21 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	if err != nil {
 		return err
 	}
+	if token == "" {
+		if ok, err := svc.HasSuperuser(ctx); err != nil {
+			return err
+		} else if !ok {
+			log.Warn("no superuser exists: nobody can log in to the dashboard (/ui/) or act as an operator; " +
+				"make one with `joblib token create --user NAME --superuser`, or set JOBLIB_ADMIN_TOKEN")
+		}
+	}
 	// The lease says this run is alive (and where other nodes reach it);
 	// stopping it at shutdown makes this node's sockets count as closed
 	// at once, so that their workers get their grace from that moment.
 	lease := svc.NewLease(joblib.LeaseConfig{
 		Addr:   advertiseAddr(cfg.NodeAddr, ln.Addr()),
 		Logger: log,
-		OnLost: func() { rt.DropWorkerSockets() },
+		OnLost: func() { rt.LeaseLost() },
 	})
 	if err := lease.Start(ctx); err != nil {
 		ln.Close()

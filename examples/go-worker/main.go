@@ -4,9 +4,11 @@
 // interrupted, then deletes its worker. It prints "ready <worker id>" once
 // serving and "stopped" after deleting its worker.
 //
-//	go run ./examples/go-worker -url http://localhost:8000 -token jl_... -room demo
+//	go run ./examples/go-worker -url http://localhost:8080 -token jl_... -room demo
 //
-// JOBLIB_URL and JOBLIB_TOKEN are read when the flags are not given.
+// JOBLIB_CLIENT_URL and JOBLIB_CLIENT_TOKEN (or JOBLIB_URL and JOBLIB_TOKEN)
+// are read when the flags are not given; the URL defaults to the server's
+// default address.
 package main
 
 import (
@@ -24,8 +26,8 @@ import (
 )
 
 func main() {
-	url := flag.String("url", envOr("JOBLIB_URL", "http://localhost:8000"), "joblib server URL")
-	token := flag.String("token", os.Getenv("JOBLIB_TOKEN"), "API token (jl_...)")
+	url := flag.String("url", envOr("http://localhost:8080", "JOBLIB_CLIENT_URL", "JOBLIB_URL"), "joblib server URL")
+	token := flag.String("token", envOr("", "JOBLIB_CLIENT_TOKEN", "JOBLIB_TOKEN"), "API token (jl_...)")
 	room := flag.String("room", "demo", "room of the job")
 	flag.Parse()
 	if err := run(*url, *token, *room); err != nil {
@@ -71,9 +73,12 @@ func run(url, token, room string) error {
 	return runErr
 }
 
-func envOr(key, def string) string {
-	if v := os.Getenv(key); v != "" {
-		return v
+// envOr returns the first of the variables that is set, else def.
+func envOr(def string, keys ...string) string {
+	for _, k := range keys {
+		if v := os.Getenv(k); v != "" {
+			return v
+		}
 	}
 	return def
 }

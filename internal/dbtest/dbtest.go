@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/zndraw/joblib/events"
 	"github.com/zndraw/joblib/models"
 )
 
@@ -104,4 +105,26 @@ func URL(t testing.TB, d models.Dialect) string {
 	q.Set("search_path", schema)
 	pu.RawQuery = q.Encode()
 	return pu.String()
+}
+
+// Node opens another connection pool to the database at url (from URL) with
+// its own PostgreSQL event bus, as a second joblib node on the same schema
+// has; both are closed at the end of the test.
+func Node(t testing.TB, url, name string) (*models.DB, *events.PGBus) {
+	t.Helper()
+	ctx := context.Background()
+	db, err := models.Open(ctx, url, models.OpenOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	if _, err := db.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	bus := events.NewPGBus(db.Pool, name, nil)
+	if err := bus.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(bus.Stop)
+	return db, bus
 }

@@ -21,12 +21,15 @@ const (
 	InternalRate         = "internal_rate"          // JOBLIB_INTERNAL_RATE
 	InternalQueueShare   = "internal_queue_share"   // JOBLIB_INTERNAL_QUEUE_PER_USER
 	ProviderResultBytes  = "provider_result_bytes"  // JOBLIB_PROVIDER_MAX_RESULT_BYTES and the per-provider share
+	RoomAuthRate         = "room_auth_rate"         // JOBLIB_ROOM_AUTH_RATE: uncached room questions per client address
+	SessionLookups       = "session_lookups"        // unknown socket session ids looked up per client address
+	AuthFailures         = "auth_failures"          // JOBLIB_AUTH_FAILURE_RATE: refused credentials per client address
 )
 
 // Names lists the budgets known here, so that their series exist at zero
 // from the start. Another layer may count names of its own too.
 var Names = []string{BodyBytes, JSONDepth, JSONBytes, ListOffset, StatementTimeout, SubmitRate,
-	ProviderDispatchRate, InternalRate, InternalQueueShare, ProviderResultBytes}
+	ProviderDispatchRate, InternalRate, InternalQueueShare, ProviderResultBytes, RoomAuthRate, SessionLookups, AuthFailures}
 
 // Rejections counts budget rejections by limit. The zero value and a nil
 // pointer are usable and count nothing, so code paths without metrics (tests,

@@ -44,7 +44,14 @@ func (l *Limiter[K]) WithClock(now func() time.Time) *Limiter[K] {
 
 // Allow takes one token of key's bucket. When none is left it reports false
 // and how long until one is.
-func (l *Limiter[K]) Allow(key K) (bool, time.Duration) {
+func (l *Limiter[K]) Allow(key K) (bool, time.Duration) { return l.take(key, true) }
+
+// Ready reports whether key's bucket holds a token, without taking it, and
+// otherwise how long until it does: for a budget charged only when the
+// operation turns out to cost (Allow afterwards).
+func (l *Limiter[K]) Ready(key K) (bool, time.Duration) { return l.take(key, false) }
+
+func (l *Limiter[K]) take(key K, spend bool) (bool, time.Duration) {
 	if l == nil || l.rate <= 0 {
 		return true, 0
 	}
@@ -53,6 +60,9 @@ func (l *Limiter[K]) Allow(key K) (bool, time.Duration) {
 	defer l.mu.Unlock()
 	b := l.buckets[key]
 	if b == nil {
+		if !spend {
+			return true, 0
+		}
 		if len(l.buckets) >= maxKeys {
 			l.dropFull(now)
 		}
@@ -64,7 +74,9 @@ func (l *Limiter[K]) Allow(key K) (bool, time.Duration) {
 		b.at = now
 	}
 	if b.tokens >= 1 {
-		b.tokens--
+		if spend {
+			b.tokens--
+		}
 		return true, 0
 	}
 	wait := time.Duration((1 - b.tokens) / l.rate * float64(time.Second))

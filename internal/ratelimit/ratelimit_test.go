@@ -36,6 +36,21 @@ func TestLimiter(t *testing.T) {
 	if l.Len() > maxKeys {
 		t.Fatalf("%d buckets kept", l.Len())
 	}
+	// Ready looks without taking.
+	r := New[string](1, 1).WithClock(func() time.Time { return now })
+	for range 3 {
+		if ok, _ := r.Ready("k"); !ok {
+			t.Fatal("Ready took the token")
+		}
+	}
+	r.Allow("k")
+	if ok, wait := r.Ready("k"); ok || wait != time.Second {
+		t.Fatalf("empty bucket: ready=%v wait=%s", ok, wait)
+	}
+	now = now.Add(time.Second)
+	if ok, _ := r.Ready("k"); !ok {
+		t.Fatal("not ready after the refill time")
+	}
 	var off *Limiter[string]
 	if ok, _ := off.Allow("x"); !ok {
 		t.Fatal("a nil limiter refused")

@@ -429,6 +429,7 @@ func (c *client) runConnect(sock *Socket, auth json.RawMessage) {
 		return
 	}
 	sock.ns.nsockets.Add(1)
+	c.admitSession(sock)
 	// accept marks the socket as accepted even when the session closed during
 	// OnConnect, so that the queued disconnect still reaches OnDisconnect.
 	sock.accept()

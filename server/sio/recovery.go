@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"slices"
 	"sync"
 	"time"
 
@@ -65,6 +66,14 @@ type RecoveryConfig struct {
 	// KeepRoom, if set, tells which rooms a kept session restores (nil:
 	// all); the others are left as if the client had left them.
 	KeepRoom func(room string) bool
+	// Admit, if set, decides which rooms of a session being recovered the
+	// socket gets back. It runs after Handler.OnConnect accepted the socket
+	// (and only for the session's owner), before the CONNECT reply, so it
+	// may ask an outside service: it holds up this socket only. The rooms
+	// it leaves out are left as if the client had left them, and nothing
+	// broadcast to them is replayed. What it emits reaches the client after
+	// the CONNECT reply and the replay.
+	Admit func(ctx context.Context, s *Socket, rooms []string) []string
 	// Now is the clock of the history and of the memory store (tests).
 	Now func() time.Time
 }
@@ -422,6 +431,32 @@ func (c *client) takeSession(sock *Socket, auth json.RawMessage) {
 		sock.restore = &pendingRestore{sess: sess, offset: offset}
 		sock.mu.Unlock()
 	}
+}
+
+// admitSession runs RecoveryConfig.Admit on the rooms of the session a
+// socket accepted by Handler.OnConnect asks to recover. A session of another
+// owner is dropped first: nothing of it is asked about.
+func (c *client) admitSession(sock *Socket) {
+	rc := &c.srv.rc
+	sock.mu.Lock()
+	pr := sock.restore
+	sock.mu.Unlock()
+	if pr == nil {
+		return
+	}
+	if rc.Owner != nil && rc.Owner(sock) != pr.sess.Owner {
+		sock.mu.Lock()
+		sock.restore = nil
+		sock.mu.Unlock()
+		return
+	}
+	if rc.Admit == nil || len(pr.sess.Rooms) == 0 {
+		return
+	}
+	kept := rc.Admit(sock.ctx, sock, slices.Clone(pr.sess.Rooms))
+	sock.mu.Lock()
+	pr.sess.Rooms = kept
+	sock.mu.Unlock()
 }
 
 // pendingRestore is a session a connecting socket asked to recover.

@@ -1,8 +1,10 @@
 package sio
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -208,21 +210,28 @@ func TestRecoveryFreshSession(t *testing.T) {
 	}
 }
 
-// TestRecoveryOwner: a session is restored only to the socket's owner.
-func TestRecoveryOwner(t *testing.T) {
-	t.Parallel()
-	owner := func(s *Socket) string { v, _ := s.Data().(string); return v }
-	ts, _, store := recoveryServer(t, RecoveryConfig{Window: time.Minute, Owner: owner})
-	var mu sync.Mutex
-	user := "alice"
+// ownedBy makes OnConnect give each socket *user (read under mu) as its data;
+// dataOwner names it.
+func ownedBy(ts *testServer, mu *sync.Mutex, user *string) {
 	ts.h.mu.Lock()
+	defer ts.h.mu.Unlock()
 	ts.h.onConnect = func(s *Socket) error {
 		mu.Lock()
 		defer mu.Unlock()
-		s.SetData(user)
+		s.SetData(*user)
 		return nil
 	}
-	ts.h.mu.Unlock()
+}
+
+func dataOwner(s *Socket) string { v, _ := s.Data().(string); return v }
+
+// TestRecoveryOwner: a session is restored only to the socket's owner.
+func TestRecoveryOwner(t *testing.T) {
+	t.Parallel()
+	ts, _, store := recoveryServer(t, RecoveryConfig{Window: time.Minute, Owner: dataOwner})
+	var mu sync.Mutex
+	user := "alice"
+	ownedBy(ts, &mu, &user)
 	w, first := joinRoom(t, ts, "")
 	emitAt(t, ts, 1, 1)
 	wantEvent(t, w, 1)
@@ -283,11 +292,10 @@ func TestRecoveryOptIn(t *testing.T) {
 	wantEvent(t, wants, 1)
 }
 
-// TestRecoveryKeepRoom: a recovered socket gets back only the rooms KeepRoom
-// keeps.
-func TestRecoveryKeepRoom(t *testing.T) {
-	t.Parallel()
-	ts, _, store := recoveryServer(t, RecoveryConfig{Window: time.Minute, KeepRoom: func(r string) bool { return r == "r" }})
+// droppedFromTwoRooms connects a client to rooms "r" and "other", lets it
+// take broadcast o1 and drops it; it returns its CONNECT reply.
+func droppedFromTwoRooms(t *testing.T, ts *testServer, store *MemoryStore) connectReply {
+	t.Helper()
 	w, first := joinRoom(t, ts, "")
 	w.send(`421["join","other"]`)
 	if got := nextPacket(w); got != `431["joined"]` {
@@ -296,6 +304,15 @@ func TestRecoveryKeepRoom(t *testing.T) {
 	emitAt(t, ts, 1, 1)
 	wantEvent(t, w, 1)
 	dropped(t, w, store)
+	return first
+}
+
+// TestRecoveryKeepRoom: a recovered socket gets back only the rooms KeepRoom
+// keeps.
+func TestRecoveryKeepRoom(t *testing.T) {
+	t.Parallel()
+	ts, _, store := recoveryServer(t, RecoveryConfig{Window: time.Minute, KeepRoom: func(r string) bool { return r == "r" }})
+	first := droppedFromTwoRooms(t, ts, store)
 	w2, _ := openWS(t, ts)
 	w2.send(`40{"pid":"` + first.PID + `","offset":"o1"}`)
 	if r := readConnect(t, w2.next()); r != first {
@@ -324,5 +341,82 @@ func TestRecoveryHistoryTrimmedWhenIdle(t *testing.T) {
 	ns.TrimHistory()
 	if n := ns.HistoryLen(); n != 0 {
 		t.Fatalf("past the window: %d recorded, want 0", n)
+	}
+}
+
+// TestRecoveryAdmit: a recovering socket gets back only the rooms Admit
+// admits, asked after OnConnect and only for the session's owner; what was
+// broadcast meanwhile to a room it lost is not replayed, and what Admit
+// emits arrives after the CONNECT reply.
+func TestRecoveryAdmit(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var asked [][]string
+	user := "alice"
+	admit := func(_ context.Context, s *Socket, rooms []string) []string {
+		mu.Lock()
+		asked = append(asked, slices.Clone(rooms))
+		mu.Unlock()
+		if dataOwner(s) == "" {
+			t.Error("Admit ran before OnConnect set the socket's data")
+		}
+		var kept []string
+		for _, r := range rooms {
+			if r == "r" {
+				_ = s.Emit("left", r)
+				continue
+			}
+			kept = append(kept, r)
+		}
+		return kept
+	}
+	ts, _, store := recoveryServer(t, RecoveryConfig{Window: time.Minute, Owner: dataOwner, Admit: admit})
+	ownedBy(ts, &mu, &user)
+	first := droppedFromTwoRooms(t, ts, store)
+	emitAt(t, ts, 2, 2) // to "r", which the socket does not get back
+	if err := ts.srv.EmitToAt("other", "x1", "ev", map[string]int{"n": 0}); err != nil {
+		t.Fatal(err)
+	}
+	w2, _ := openWS(t, ts)
+	w2.send(`40{"pid":"` + first.PID + `","offset":"o1"}`)
+	if r := readConnect(t, w2.next()); r != first {
+		t.Fatalf("not recovered: %+v", r)
+	}
+	if got := nextPacket(w2); got != `42["ev",{"n":0},"x1"]` {
+		t.Fatalf("replay: got %q, want only the broadcast to the admitted room", got)
+	}
+	if got := nextPacket(w2); got != `42["left","r"]` {
+		t.Fatalf("got %q, want Admit's event after the replay", got)
+	}
+	emitAt(t, ts, 3, 3)
+	if err := ts.srv.EmitToAt("other", "x2", "ev", map[string]int{"n": -1}); err != nil {
+		t.Fatal(err)
+	}
+	if got := nextPacket(w2); got != `42["ev",{"n":-1},"x2"]` {
+		t.Fatalf("got %q: the socket is still in the room Admit left out", got)
+	}
+	mu.Lock()
+	if len(asked) != 1 || !slices.Equal(sorted(asked[0]...), sorted("other", "r")) {
+		t.Fatalf("Admit asked about %v", asked)
+	}
+	mu.Unlock()
+
+	// Another owner's attempt is never asked about.
+	w3, third := joinRoom(t, ts, "")
+	emitAt(t, ts, 4, 4)
+	wantEvent(t, w3, 4)
+	dropped(t, w3, store)
+	mu.Lock()
+	user = "mallory"
+	mu.Unlock()
+	w4, _ := openWS(t, ts)
+	w4.send(`40{"pid":"` + third.PID + `","offset":"o4"}`)
+	if r := readConnect(t, w4.next()); r == third {
+		t.Fatal("another owner recovered the session")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(asked) != 1 {
+		t.Fatalf("Admit asked about another owner's session: %v", asked)
 	}
 }

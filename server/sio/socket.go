@@ -66,6 +66,9 @@ func (s *Socket) Namespace() *Namespace { return s.ns }
 // Context returns a context that is cancelled when the socket is gone.
 func (s *Socket) Context() context.Context { return s.ctx }
 
+// RemoteAddr returns the client address of the socket's session.
+func (s *Socket) RemoteAddr() string { return s.c.conn.RemoteAddr() }
+
 // Transport returns "polling" or "websocket".
 func (s *Socket) Transport() string { return s.c.conn.Transport() }
 
@@ -121,20 +124,21 @@ func (s *Socket) roomCountLocked() int {
 	return n
 }
 
-// Leave removes the socket from room.
-func (s *Socket) Leave(room string) {
+// Leave removes the socket from room and reports whether it was in it.
+func (s *Socket) Leave(room string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if room == s.id && s.ownRoom {
 		s.ownRoom = false
 		s.ns.rooms.leaveOwn(s)
-		return
+		return true
 	}
 	if _, ok := s.rooms[room]; !ok {
-		return
+		return false
 	}
 	delete(s.rooms, room)
 	s.ns.rooms.leave(room, s)
+	return true
 }
 
 // Rooms returns the rooms the socket is in, sorted; the socket's own id is one

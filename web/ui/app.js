@@ -314,6 +314,28 @@ function renderCleanups() {
     el("td", { text: `${c.tasks_failed} failed, ${c.tasks_requeued} requeued` }),
     el("td", { class: c.heard_at ? "bad-text" : "", text: c.heard_at ? `false positive: ${c.heard_via} at ${clock(c.heard_at)}` : "no" }))),
   "no cleanups recorded");
+  fill("timeouts", (snap.timeouts || []).filter((o) => inRoom([o.room_id])).map((o) => el("tr", { "data-task-id": o.task_id, "data-limit": o.limit },
+    el("td", { class: "mono", title: o.task_id, text: short(o.task_id) }),
+    el("td", { text: o.job }),
+    el("td", { class: "mono", title: o.worker_id || "", text: o.worker_id ? short(o.worker_id) : "–" }),
+    el("td", { class: "evidence-limit", text: `${o.limit} ${o.seconds} s` }),
+    el("td", { class: "mono", text: clock(o.claimed_at) }),
+    el("td", { class: "mono", text: o.progress_at ? clock(o.progress_at) : "none" }),
+    el("td", { class: "mono", text: clock(o.deadline_at) }),
+    el("td", { class: "mono", text: clock(o.db_now) }),
+    el("td", { text: o.outcome + (o.attempt ? ` (attempt ${o.attempt})` : "") }))),
+  "no task timed out");
+}
+
+// progressCell is a running task's last reported progress as a bar.
+function progressCell(t) {
+  const p = t.progress;
+  if (!p) return el("td", { class: "muted", text: t.status === "running" || t.status === "claimed" ? "–" : "" });
+  const frac = p.total > 0 && p.current != null ? Math.max(0, Math.min(1, p.current / p.total)) : null;
+  const label = (frac != null ? `${Math.round(frac * 100)} %` : p.current != null ? String(p.current) : "") + (p.message ? ` ${p.message}` : "");
+  return el("td", { class: "progress-cell", title: `reported at ${clock(t.progress_at)}` },
+    frac != null ? el("progress", { max: "1", value: String(frac), "aria-label": `progress of task ${short(t.id)}` }) : null,
+    el("span", { class: "muted", text: " " + label.trim() }));
 }
 
 function taskActions(t) {
@@ -322,9 +344,11 @@ function taskActions(t) {
       onclick: () => confirmAction(`Retry task ${short(t.id)}?`, `It goes back to pending on ${t.job_name}, keeping its attempt count (${t.attempt}).`,
         "Retry", () => act("POST", `/dashboard/tasks/${t.id}/retry`, `Task ${short(t.id)} is pending again`)) }, "Retry");
   }
-  if (t.status === "pending") {
+  if (t.status === "pending" || t.status === "claimed" || t.status === "running") {
+    const what = t.status === "pending" ? "It will never run; its submitter sees it cancelled."
+      : "Its worker is told at once (task_cancelled) and stops; its submitter sees it cancelled.";
     return el("button", { type: "button", class: "small danger", "data-key": "cancel:" + t.id, "aria-label": `Cancel task ${short(t.id)}`,
-      onclick: () => confirmAction(`Cancel task ${short(t.id)}?`, `It will never run; its submitter sees it cancelled.`,
+      onclick: () => confirmAction(`Cancel task ${short(t.id)}?`, what,
         "Cancel task", () => act("POST", `/dashboard/tasks/${t.id}/cancel`, `Task ${short(t.id)} cancelled`)) }, "Cancel");
   }
   return null;
@@ -336,6 +360,9 @@ function renderTasks() {
     el("td", { class: "mono", title: t.id, text: short(t.id) }),
     el("td", { text: t.job_name }),
     el("td", {}, el("span", { class: "status st-" + t.status, text: t.status })),
+    progressCell(t),
+    el("td", { class: "mono", title: "task_timeout " + (t.task_timeout ?? "none") + " s, heartbeat_timeout " + (t.heartbeat_timeout ?? "none") + " s",
+      text: t.deadline_at ? clock(t.deadline_at) : "" }),
     el("td", { class: "n", text: t.attempt }),
     el("td", { class: "err", text: t.error || "" }),
     el("td", {}, taskActions(t)))), room ? "no tasks in this room" : "no tasks yet");

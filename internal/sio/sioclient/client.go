@@ -138,6 +138,7 @@ type Client struct {
 	// Set by the handshake.
 	sid          string
 	id           string
+	pid          string
 	pingInterval time.Duration
 	pingTimeout  time.Duration
 
@@ -348,11 +349,12 @@ func (c *Client) packet(p wire.SIOPacket) error {
 	case wire.SIOConnect:
 		var a struct {
 			SID string `json:"sid"`
+			PID string `json:"pid"`
 		}
 		if p.Data != nil {
 			_ = json.Unmarshal(p.Data, &a)
 		}
-		c.id, c.joined = a.SID, true
+		c.id, c.pid, c.joined = a.SID, a.PID, true
 		return nil
 	case wire.SIOConnectError:
 		ce := &ConnectError{}
@@ -517,6 +519,10 @@ func (c *Client) SID() string { return c.sid }
 
 // ID is the Socket.IO socket id the server gave in its CONNECT answer.
 func (c *Client) ID() string { return c.id }
+
+// PID is the private session id of the CONNECT answer, which a client sends
+// back to recover its session (empty when the server offers no recovery).
+func (c *Client) PID() string { return c.pid }
 
 // PingInterval and PingTimeout are the server's heartbeat settings from the
 // open packet.
