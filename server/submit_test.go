@@ -206,7 +206,7 @@ func TestBatchSubmit(t *testing.T) {
 		var ans struct {
 			Tasks []joblib.Task `json:"tasks"`
 		}
-		r := e.do(e.bob, "POST", path, `{"tasks": [{"payload": {"i": 0}}, {"payload": {"i": 1}}, {}, {"payload": {"i": 3}}]}`, "Idempotency-Key: fan").want(202)
+		r := e.do(e.bob, "POST", path, `{"tasks": [{"payload": {"i": 0}}, {"payload": {"i": 1}, "timeout": 30}, {}, {"payload": {"i": 3}}]}`, "Idempotency-Key: fan").want(202)
 		r.JSON(&ans)
 		if len(ans.Tasks) != 4 {
 			t.Fatalf("answer %s", r.Body)
@@ -230,13 +230,24 @@ func TestBatchSubmit(t *testing.T) {
 				t.Fatalf("status event %d is for %v", i, em.Event)
 			}
 		}
+		// A batch task takes its own timeout, or its job's limits.
+		for i, tk := range ans.Tasks {
+			mt, err := e.db.Q(context.Background()).GetTask(tk.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (i == 1) != (mt.TaskTimeout != nil) || (i == 1 && *mt.TaskTimeout != 30) {
+				t.Fatalf("task %d: task_timeout %v", i, mt.TaskTimeout)
+			}
+		}
 		// A worker claims them in batch order.
 		e.claim(e.alice, wid)
 		if c := e.claim(e.alice, wid); c["id"] != ans.Tasks[0].ID.String() {
 			t.Fatalf("second claim %v, want the batch's first task", c["id"])
 		}
 		// The key replays the whole batch.
-		rr := e.do(e.bob, "POST", path, `{"tasks": [{"payload": {"i": 0}}, {"payload": {"i": 1}}, {}, {"payload": {"i": 3}}]}`, "Idempotency-Key: fan").want(202)
+		rr := e.do(e.bob, "POST", path, `{"tasks": [{"payload": {"i": 0}}, {"payload": {"i": 1}, "timeout": 30}, {}, {"payload": {"i": 3}}]}`, "Idempotency-Key: fan").want(202)
+		e.do(e.bob, "POST", path, `{"tasks": [{"payload": {"i": 0}}, {"payload": {"i": 1}, "timeout": 31}, {}, {"payload": {"i": 3}}]}`, "Idempotency-Key: fan").problem(422, "idempotency-key-reused")
 		if !bytes.Equal(rr.Body, r.Body) || rr.Header.Get("Idempotent-Replayed") != "true" {
 			t.Fatalf("batch replay %s", rr.Body)
 		}
@@ -260,7 +271,9 @@ func TestBatchSubmit(t *testing.T) {
 		e.do(e.bob, "POST", path, `{"tasks": {}}`).problem(422, "validation-error")
 		e.do(e.bob, "POST", path, `{"tasks": [{}, {"payload": [1]}]}`).problem(422, "validation-error")
 		e.do(e.bob, "POST", path, `{"tasks": [{}, 3]}`).problem(422, "validation-error")
-		for _, f := range []string{"priority", "run_at", "delay", "timeout"} {
+		e.do(e.bob, "POST", path, `{"tasks": [{}, {"timeout": 0}]}`).problem(422, "validation-error")
+		e.do(e.bob, "POST", path, `{"tasks": [{}, {"timeout": "x"}]}`).problem(422, "validation-error")
+		for _, f := range []string{"priority", "run_at", "delay"} {
 			m := e.do(e.bob, "POST", path, `{"tasks": [{}, {"`+f+`": 1}]}`).problem(422, "validation-error")
 			if d := m["detail"].(string); !strings.Contains(d, "tasks[1]."+f) || !strings.Contains(d, "not supported yet") {
 				t.Fatalf("detail %q", d)
