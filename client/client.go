@@ -129,6 +129,21 @@ type Client struct {
 
 	// running: task id -> cancels its handler's context (task_cancelled).
 	running map[string]context.CancelCauseFunc
+
+	// sleep waits between two attempts of a submission (tests record it).
+	sleep func(ctx context.Context, d time.Duration) error
+}
+
+// sleepCtx waits d or until ctx ends.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
 }
 
 // Dial checks that the server at baseURL answers and accepts token, and
@@ -141,7 +156,7 @@ func Dial(ctx context.Context, baseURL, token string, opts ...Option) (*Client, 
 	c := &Client{
 		base: strings.TrimRight(baseURL, "/"), token: token, http: http.DefaultClient,
 		poll: 5 * time.Second, backoffMin: 100 * time.Millisecond, backoffMax: 2 * time.Second,
-		log: slog.Default(), provSlots: 4,
+		log: slog.Default(), provSlots: 4, sleep: sleepCtx,
 	}
 	for _, o := range opts {
 		o(c)

@@ -45,6 +45,9 @@ const (
 	// CodeQuotaExceeded: the caller has as many workers, providers or
 	// pending tasks as a per-user quota allows.
 	CodeQuotaExceeded Code = "quota-exceeded"
+	// CodeIdempotencyKeyReused: an Idempotency-Key repeated within its
+	// window with a different request (422).
+	CodeIdempotencyKeyReused Code = "idempotency-key-reused"
 )
 
 // Error is a failure the caller caused or must see, with the detail text the

@@ -182,7 +182,7 @@ func (s *Service) RegisterJob(ctx context.Context, p Principal, room string, r R
 			if r.OnWorkerLoss != "" && (policy != j.OnWorkerLoss || attempts != j.MaxAttempts) {
 				// The policy is its creator's (or a superuser's) to change;
 				// anyone else linking a worker must agree with it.
-				if !p.Superuser && (j.CreatedByID == nil || *j.CreatedByID != p.ID) {
+				if !mayChangePolicies(p, j) {
 					return errf(CodePolicyConflict, "Worker-loss policy mismatch for job '%s': it is on_worker_loss '%s' with max_attempts %d, set by the job's creator",
 						j.FullName(), j.OnWorkerLoss, j.MaxAttempts)
 				}
@@ -201,7 +201,7 @@ func (s *Service) RegisterJob(ctx context.Context, p Principal, room string, r R
 			before := j
 			if timeoutsChange(&j, r) {
 				// The limits are the creator's too, as the worker-loss policy.
-				if !p.Superuser && (j.CreatedByID == nil || *j.CreatedByID != p.ID) {
+				if !mayChangePolicies(p, j) {
 					return errf(CodePolicyConflict, "Timeout policy mismatch for job '%s': it is task_timeout %s, heartbeat_timeout %s, on_timeout '%s', set by the job's creator",
 						j.FullName(), secondsText(before.TaskTimeout), secondsText(before.HeartbeatTimeout), cmp.Or(before.OnTimeout, OnTimeoutFail))
 				}
@@ -426,4 +426,11 @@ func secondsText(v *int) string {
 		return "none"
 	}
 	return strconv.Itoa(*v) + "s"
+}
+
+// mayChangePolicies: a job's policies (worker loss, timeouts) are its
+// creator's, or a superuser's, to change; anyone else linking a worker must
+// agree with them.
+func mayChangePolicies(p Principal, j models.Job) bool {
+	return p.Superuser || (j.CreatedByID != nil && *j.CreatedByID == p.ID)
 }

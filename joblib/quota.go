@@ -1,6 +1,8 @@
 package joblib
 
 import (
+	"time"
+
 	"github.com/zndraw/joblib/models"
 )
 
@@ -29,11 +31,26 @@ var quotaVar = map[string]string{
 	models.UsagePendingTasks: "JOBLIB_USER_MAX_PENDING_TASKS",
 }
 
+// quotaRetryAfter is the Retry-After of a quota refusal: the user's own
+// items must finish or go first, which takes longer than a rate's refill.
+const quotaRetryAfter = 5 * time.Second
+
 // checkQuota refuses (429 quota-exceeded) one more item of kind for p when p
 // already has `extra`+cap of them counted (extra = 1 when the new item is
 // already inserted in this transaction, else 0). Superusers are exempt. The
 // user row lock makes concurrent creations of one user count exactly.
 func (s *Service) checkQuota(q *models.Q, p Principal, kind string, inserted bool) error {
+	if inserted {
+		return s.checkQuotaAdd(q, p, kind, 0)
+	}
+	return s.checkQuotaAdd(q, p, kind, 1)
+}
+
+// checkQuotaAdd refuses (429 quota-exceeded) adding n items of kind when p
+// would then have more than its cap (n = 0: the new item is already
+// counted, and p must not be past the cap with it). The refusal is whole:
+// a batch that does not fit adds nothing.
+func (s *Service) checkQuotaAdd(q *models.Q, p Principal, kind string, n int) error {
 	limit := s.Settings().quotaFor(kind)
 	if limit <= 0 || p.Superuser {
 		return nil
@@ -41,15 +58,20 @@ func (s *Service) checkQuota(q *models.Q, p Principal, kind string, inserted boo
 	if err := q.LockUser(p.ID); err != nil {
 		return err
 	}
-	n, err := q.CountUsage(p.ID, kind, limit+1)
+	have, err := q.CountUsage(p.ID, kind, limit+1)
 	if err != nil {
 		return err
 	}
-	if inserted {
-		n--
+	if n == 0 {
+		have--
+		n = 1
 	}
-	if n >= int64(limit) {
-		return errf(CodeQuotaExceeded, "Quota exceeded: user '%s' already has %d %s (%s=%d)", p.Name, limit, quotaNoun[kind], quotaVar[kind], limit)
+	if have+int64(n) > int64(limit) {
+		if n > 1 {
+			return limitErr(CodeQuotaExceeded, "", quotaRetryAfter, "Quota exceeded: user '%s' has %d %s and may have %d (%s=%d); none of the %d was added",
+				p.Name, min(have, int64(limit)), quotaNoun[kind], limit, quotaVar[kind], limit, n)
+		}
+		return limitErr(CodeQuotaExceeded, "", quotaRetryAfter, "Quota exceeded: user '%s' already has %d %s (%s=%d)", p.Name, limit, quotaNoun[kind], quotaVar[kind], limit)
 	}
 	return nil
 }

@@ -125,6 +125,13 @@ func (s *Service) notePruned(status string, n int64) {
 // retried next time; they never hold the sweep back.
 func (sw *Sweeper) pruneTasks(ctx context.Context) {
 	st := sw.svc.Settings()
+	if n, more, err := sw.svc.PruneIdempotencyKeys(ctx); err != nil {
+		if ctx.Err() == nil {
+			sw.log.Error("idempotency key retention failed; retrying next interval", "err", err, "deleted", n)
+		}
+	} else if n > 0 {
+		sw.log.Info("idempotency keys past their window deleted", "keys", n, "more", more)
+	}
 	if st.TaskRetentionCompleted <= 0 && st.TaskRetentionFailed <= 0 {
 		return
 	}
@@ -139,4 +146,22 @@ func (sw *Sweeper) pruneTasks(ctx context.Context) {
 		sw.log.Info("finished tasks past retention deleted", "tasks", n, "by_status", rep.Deleted,
 			"batches", rep.Batches, "more", rep.More, "took", rep.Took)
 	}
+}
+
+// PruneIdempotencyKeys deletes the submissions' idempotency keys older than
+// Settings.IdempotencyWindow (database clock) in batches of
+// Settings.TaskRetentionBatch, each its own statement, at most
+// taskPruneMaxBatches of them; more is true when keys were left for the
+// next pass.
+func (s *Service) PruneIdempotencyKeys(ctx context.Context) (deleted int64, more bool, err error) {
+	st := s.Settings()
+	q := s.db.Q(ctx)
+	for range taskPruneMaxBatches {
+		n, err := q.PruneIdempotencyKeys(st.IdempotencyWindow, st.TaskRetentionBatch)
+		deleted += n
+		if err != nil || n < int64(st.TaskRetentionBatch) {
+			return deleted, false, err
+		}
+	}
+	return deleted, true, nil
 }

@@ -75,6 +75,8 @@ func New(cfg Config) *Service {
 	cfg.Settings.InternalWorkers = cmp.Or(cfg.Settings.InternalWorkers, def.InternalWorkers)
 	cfg.Settings.TaskRetentionBatch = cmp.Or(cfg.Settings.TaskRetentionBatch, def.TaskRetentionBatch)
 	cfg.Settings.NodeLeaseTimeout = cmp.Or(cfg.Settings.NodeLeaseTimeout, def.NodeLeaseTimeout)
+	cfg.Settings.MaxSubmitBatch = cmp.Or(cfg.Settings.MaxSubmitBatch, def.MaxSubmitBatch)
+	cfg.Settings.IdempotencyWindow = cmp.Or(cfg.Settings.IdempotencyWindow, def.IdempotencyWindow)
 	cfg.Settings.TaskProgressRate = cmp.Or(cfg.Settings.TaskProgressRate, def.TaskProgressRate)
 	if cfg.ResultCache == nil {
 		cfg.ResultCache = DefaultResultCache(cfg.DB, cfg.Logger, cfg.Settings.ResultCacheBudget())

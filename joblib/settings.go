@@ -48,16 +48,25 @@ type Settings struct {
 	// its own least recently used results are evicted first, and a single
 	// result larger than its share answers 413.
 	ProviderCacheShare float64 `env:"PROVIDER_CACHE_SHARE" envDefault:"0.25"`
-	// SubmitRate is how many tasks per second one user may submit (token
-	// bucket of SubmitBurst, per node); past it a submission answers 429
-	// with Retry-After. Superusers are not limited. 0 disables it.
-	SubmitRate  float64 `env:"SUBMIT_RATE" envDefault:"100"`
-	SubmitBurst int     `env:"SUBMIT_BURST" envDefault:"1000"`
+	// SubmitRate is how many submissions (a batch is one) per second one
+	// user may make (token bucket of SubmitBurst, per node); past it a
+	// submission answers 429 with Retry-After. Superusers are not limited.
+	// 0 disables it. The default is above what one node answers a
+	// sequential client (about 500/s), so only concurrent floods meet it.
+	SubmitRate  float64 `env:"SUBMIT_RATE" envDefault:"1000"`
+	SubmitBurst int     `env:"SUBMIT_BURST" envDefault:"20000"`
+	// MaxSubmitBatch caps the tasks of one batch submission; a larger batch
+	// answers 422 and stores nothing.
+	MaxSubmitBatch int `env:"MAX_SUBMIT_BATCH" envDefault:"1000"`
+	// IdempotencyWindow is how long an Idempotency-Key of a submission is
+	// remembered (database clock); a repeat within it gets the first
+	// answer. Older keys are deleted by the retention pass.
+	IdempotencyWindow time.Duration `env:"IDEMPOTENCY_WINDOW" envDefault:"24h"`
 	// ProviderDispatchRate is how many provider reads per second one user may
 	// make that dispatch a provider_request (cache misses not already in
 	// flight); past it 429. Superusers are not limited. 0 disables it.
-	ProviderDispatchRate  float64 `env:"PROVIDER_DISPATCH_RATE" envDefault:"20"`
-	ProviderDispatchBurst int     `env:"PROVIDER_DISPATCH_BURST" envDefault:"200"`
+	ProviderDispatchRate  float64 `env:"PROVIDER_DISPATCH_RATE" envDefault:"100"`
+	ProviderDispatchBurst int     `env:"PROVIDER_DISPATCH_BURST" envDefault:"1000"`
 	// InternalRate is how many @internal tasks per second one user may
 	// submit; past it 429. Superusers are not limited. 0 disables it.
 	InternalRate  float64 `env:"INTERNAL_RATE" envDefault:"5"`
@@ -120,7 +129,7 @@ type Settings struct {
 	// creation answers 429 quota-exceeded.
 	UserMaxWorkers      int `env:"USER_MAX_WORKERS" envDefault:"1000"`
 	UserMaxProviders    int `env:"USER_MAX_PROVIDERS" envDefault:"1000"`
-	UserMaxPendingTasks int `env:"USER_MAX_PENDING_TASKS" envDefault:"10000"`
+	UserMaxPendingTasks int `env:"USER_MAX_PENDING_TASKS" envDefault:"100000"`
 	// NotifyAfterCommit (PostgreSQL) sends events to other nodes with a
 	// NOTIFY of their own after the change commits, as joblib used to:
 	// at-most-once across a crash between the two. By default the change's
@@ -147,10 +156,12 @@ func DefaultSettings() Settings {
 		ProviderCacheBytes:      128 << 20,
 		ProviderCacheEntries:    10000,
 		ProviderCacheShare:      0.25,
-		SubmitRate:              100,
-		SubmitBurst:             1000,
-		ProviderDispatchRate:    20,
-		ProviderDispatchBurst:   200,
+		SubmitRate:              1000,
+		SubmitBurst:             20000,
+		MaxSubmitBatch:          1000,
+		IdempotencyWindow:       24 * time.Hour,
+		ProviderDispatchRate:    100,
+		ProviderDispatchBurst:   1000,
 		InternalRate:            5,
 		InternalBurst:           32,
 		InternalQueuePerUser:    64,
@@ -167,7 +178,7 @@ func DefaultSettings() Settings {
 		TaskRetentionBatch:      1000,
 		UserMaxWorkers:          1000,
 		UserMaxProviders:        1000,
-		UserMaxPendingTasks:     10000,
+		UserMaxPendingTasks:     100000,
 	}
 }
 
@@ -210,6 +221,12 @@ func (s Settings) Validate() error {
 	}
 	if s.SubmitRate < 0 || s.ProviderDispatchRate < 0 || s.InternalRate < 0 || s.InternalQueuePerUser < 0 {
 		return fmt.Errorf("JOBLIB_SUBMIT_RATE, JOBLIB_PROVIDER_DISPATCH_RATE, JOBLIB_INTERNAL_RATE and JOBLIB_INTERNAL_QUEUE_PER_USER must not be negative")
+	}
+	if s.MaxSubmitBatch < 1 || s.MaxSubmitBatch > models.MaxTaskBatch {
+		return fmt.Errorf("JOBLIB_MAX_SUBMIT_BATCH must be between 1 and %d, got %d", models.MaxTaskBatch, s.MaxSubmitBatch)
+	}
+	if s.IdempotencyWindow <= 0 {
+		return fmt.Errorf("JOBLIB_IDEMPOTENCY_WINDOW must be positive, got %s", s.IdempotencyWindow)
 	}
 	if s.InternalQueue < 0 {
 		return fmt.Errorf("JOBLIB_INTERNAL_QUEUE must not be negative, got %d", s.InternalQueue)

@@ -79,78 +79,119 @@ func (s *Service) SubmitTaskWith(ctx context.Context, p Principal, room, fullNam
 	if t, ok, err := s.submitHot(ctx, p, room, fullName, body, o.Timeout); err != nil || ok {
 		return t, err
 	}
-	perUser := s.Settings().InternalQueuePerUser
-	var (
-		task     Task
-		internal InternalJob
-		reserved bool // an executor slot is held for this task
-	)
+	var sub submitState
+	var tasks []Task
 	err = s.mutate(ctx, func(q *models.Q, em *events.Set) error {
-		// Key-share: the orphan rule cannot soft-delete the job under the
-		// pending task we are adding.
-		j, err := resolveJobLocked(q, fullName, models.KeyShare)
-		if err != nil {
-			return err
-		}
-		if j.RoomID != RoomInternal {
-			if err := s.checkQuota(q, p, models.UsagePendingTasks, false); err != nil {
-				return err
-			}
-		}
-		status := models.StatusPending
-		if j.RoomID == RoomInternal {
-			var ok bool
-			if internal, ok = s.internalJob(j.FullName()); !ok {
-				return errf(CodeInternalJobNotConfigured, "Internal job '%s' is registered but no executor is available", j.FullName())
-			}
-			// The server itself claims internal tasks; no worker ever sees them.
-			status = models.StatusClaimed
-			if !reserved {
-				var shareSpent bool
-				if reserved, shareSpent = s.runner.reserve(p.ID, perUser); shareSpent {
-					return limitErr(CodeRateLimited, limits.InternalQueueShare, time.Second,
-						"%d of your @internal tasks are already queued or running; submit more when they finish", perUser)
-				}
-			}
-		}
-		creator := p.ID
-		id := uuid.New()
-		if j.RoomID == RoomInternal && !reserved {
-			// The executor cannot take it (stopped, or its queue is full): the
-			// contract's dispatch failure — stored failed, answered 202
-			// without Location, no events.
-			if _, err := q.InsertTask(id, j.ID, room, &creator, body, models.StatusPending); err != nil {
-				return err
-			}
-			msg := ErrInternalDispatch
-			if _, err := q.TransitionTask(id, models.StatusPending, models.StatusFailed, nil, &msg); err != nil {
-				return err
-			}
-			t, err := q.GetTask(id)
-			task = taskView(t)
-			return err
-		}
-		t, err := q.InsertTaskTimeout(id, j.ID, room, &creator, body, status, o.Timeout)
-		if err != nil {
-			return err
-		}
-		task = taskView(t)
-		em.Add(events.Room(room), statusEvent(task))
-		if j.RoomID != RoomInternal {
-			em.Add(events.JobRoom(j.FullName()), events.TaskAvailable{JobName: j.FullName(), RoomID: room, TaskID: task.ID.String()})
-		}
-		return nil
+		var err error
+		tasks, err = s.insertSubmission(q, em, p, room, fullName, []string{body}, []*int{o.Timeout}, &sub)
+		return err
 	})
+	return s.afterSubmission(ctx, p, tasks, &sub, err)
+}
+
+// submitState is what one submission's transaction leaves for after the
+// commit: an @internal task's executor slot.
+type submitState struct {
+	internal InternalJob
+	reserved bool // an executor slot is held for this task
+}
+
+// insertSubmission creates the tasks of one submission (one per body) in
+// q's transaction, with their events in em: the pending-task quota counts
+// them all, so a batch is refused whole. An @internal job takes one task
+// per submission (its executor slot is reserved in st).
+func (s *Service) insertSubmission(q *models.Q, em *events.Set, p Principal, room, fullName string, bodies []string, timeouts []*int, st *submitState) ([]Task, error) {
+	// Key-share: the orphan rule cannot soft-delete the job under the
+	// pending tasks we are adding.
+	j, err := resolveJobLocked(q, fullName, models.KeyShare)
 	if err != nil {
-		if reserved {
+		return nil, err
+	}
+	creator := p.ID
+	if j.RoomID != RoomInternal {
+		if err := s.checkQuotaAdd(q, p, models.UsagePendingTasks, len(bodies)); err != nil {
+			return nil, err
+		}
+		var ts []models.Task
+		if len(bodies) == 1 {
+			// One row: its queue position is one count over the index, cheaper
+			// than ranking the job's queue as a batch's read-back does.
+			t, err := q.InsertTaskTimeout(uuid.New(), j.ID, room, &creator, bodies[0], models.StatusPending, timeouts[0])
+			if err != nil {
+				return nil, err
+			}
+			ts = []models.Task{t}
+		} else {
+			ids := make([]uuid.UUID, len(bodies))
+			for i := range ids {
+				ids[i] = uuid.New()
+			}
+			if ts, err = q.InsertTasks(ids, j.ID, room, &creator, bodies, timeouts, models.StatusPending); err != nil {
+				return nil, err
+			}
+		}
+		tasks := make([]Task, len(ts))
+		for i, t := range ts {
+			tasks[i] = taskView(t)
+			em.Add(events.Room(room), statusEvent(tasks[i]))
+			em.Add(events.JobRoom(j.FullName()), events.TaskAvailable{JobName: j.FullName(), RoomID: room, TaskID: tasks[i].ID.String()})
+		}
+		return tasks, nil
+	}
+	if len(bodies) != 1 {
+		return nil, errf(CodeValidation, "a batch cannot submit to the @internal job '%s'; submit its tasks one by one", j.FullName())
+	}
+	body := bodies[0]
+	var ok bool
+	if st.internal, ok = s.internalJob(j.FullName()); !ok {
+		return nil, errf(CodeInternalJobNotConfigured, "Internal job '%s' is registered but no executor is available", j.FullName())
+	}
+	// The server itself claims internal tasks; no worker ever sees them.
+	if !st.reserved {
+		perUser := s.Settings().InternalQueuePerUser
+		var shareSpent bool
+		if st.reserved, shareSpent = s.runner.reserve(p.ID, perUser); shareSpent {
+			return nil, limitErr(CodeRateLimited, limits.InternalQueueShare, time.Second,
+				"%d of your @internal tasks are already queued or running; submit more when they finish", perUser)
+		}
+	}
+	id := uuid.New()
+	if !st.reserved {
+		// The executor cannot take it (stopped, or its queue is full): the
+		// contract's dispatch failure — stored failed, answered 202
+		// without Location, no events.
+		if _, err := q.InsertTask(id, j.ID, room, &creator, body, models.StatusPending); err != nil {
+			return nil, err
+		}
+		msg := ErrInternalDispatch
+		if _, err := q.TransitionTask(id, models.StatusPending, models.StatusFailed, nil, &msg); err != nil {
+			return nil, err
+		}
+		t, err := q.GetTask(id)
+		return []Task{taskView(t)}, err
+	}
+	t, err := q.InsertTaskTimeout(id, j.ID, room, &creator, body, models.StatusClaimed, timeouts[0])
+	if err != nil {
+		return nil, err
+	}
+	task := taskView(t)
+	em.Add(events.Room(room), statusEvent(task))
+	return []Task{task}, nil
+}
+
+// afterSubmission releases or hands on an @internal task's executor slot
+// once the submission's transaction ended with err.
+func (s *Service) afterSubmission(ctx context.Context, p Principal, tasks []Task, st *submitState, err error) (Task, error) {
+	if err != nil {
+		if st.reserved {
 			s.runner.release(p.ID)
 		}
 		return Task{}, err
 	}
-	if reserved {
-		s.runner.submit(ctx, internalItem{job: internal, task: task, user: p.ID})
+	if st.reserved {
+		s.runner.submit(ctx, internalItem{job: st.internal, task: tasks[0], user: p.ID})
 	}
-	return task, nil
+	return tasks[0], nil
 }
 
 // submitHot is SubmitTask's one-statement path on PostgreSQL for a live job

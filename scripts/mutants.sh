@@ -16,6 +16,9 @@
 #   bash scripts/mutants.sh epoch-fence claim-fifo
 #   MUTANT_TIMEOUT=300 bash scripts/mutants.sh   # seconds per mutant (default 600)
 #   MUTANT_KEEP=1 bash scripts/mutants.sh ...    # keep the scratch tree and logs
+#   bash scripts/mutants.sh --check              # only: does every mutant still apply
+#                                                # to exactly one place? (seconds; the
+#                                                # test command runs it)
 #
 # Needs what scripts/test.sh sets up (PostgreSQL at JOBLIB_TEST_DATABASE_URL,
 # npm ci in server/testdata/node for the Node client tests).
@@ -77,6 +80,11 @@ apply() {
 }
 
 shopt -s nullglob
+check_only=0
+if [ "${1:-}" = --check ]; then
+  check_only=1
+  shift
+fi
 if [ $# -gt 0 ]; then
   files=()
   for n in "$@"; do
@@ -93,6 +101,24 @@ fi
 for f in "${files[@]}"; do
   parse "$f" || die "bad mutant file $f"
 done
+
+# --check: a mutant whose code moved would report 'no longer applies' only
+# when someone runs the long table; say it now, in seconds.
+if [ "$check_only" = 1 ]; then
+  stale=0
+  for f in "${files[@]}"; do
+    parse "$f"
+    if [ ! -f "$root/$m_file" ]; then
+      echo "mutant $(basename "$f" .mutant): $m_file does not exist" >&2
+      stale=1
+    elif n=$(occurrences "$m_find" "$root/$m_file") && [ "$n" != 1 ]; then
+      echo "mutant $(basename "$f" .mutant): its find text occurs $n times in $m_file, not once" >&2
+      stale=1
+    fi
+  done
+  [ "$stale" = 0 ] && echo "all ${#files[@]} mutants apply to exactly one place"
+  exit "$stale"
+fi
 
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/joblib-mutants.XXXXXX")
 logs=$scratch/logs

@@ -137,6 +137,10 @@ ensure_deploy_tools
 ensure_chromium
 
 export GOTOOLCHAIN=local
+# Every mutant must still point at exactly one place in the code (seconds; the
+# mutants themselves run with scripts/mutants.sh before a release).
+log "mutants apply"
+bash scripts/mutants.sh --check
 log "go vet"
 go vet ./...
 # The Dockerfile's static build, once: it warms the compile cache that the

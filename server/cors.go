@@ -20,7 +20,7 @@ import (
 const (
 	corsAllowMethods  = "GET, HEAD, POST, PUT, PATCH, DELETE"
 	corsAllowHeaders  = "Authorization, Content-Type, Idempotency-Key, Prefer"
-	corsExposeHeaders = "Location, Retry-After, Preference-Applied"
+	corsExposeHeaders = "Location, Retry-After, Preference-Applied, Idempotent-Replayed"
 	// corsMaxAge is how long (seconds) a browser may reuse a preflight's
 	// answer; Chromium caps it at 7200.
 	corsMaxAge = "600"

@@ -37,7 +37,7 @@ func TestRESTCORS(t *testing.T) {
 		miss.problem(404, "job-not-found")
 		for _, r := range []resp{sub, miss} {
 			if r.Header.Get("Access-Control-Allow-Origin") != ui || r.Header.Get("Vary") != "Origin" ||
-				r.Header.Get("Access-Control-Expose-Headers") != "Location, Retry-After, Preference-Applied" ||
+				r.Header.Get("Access-Control-Expose-Headers") != "Location, Retry-After, Preference-Applied, Idempotent-Replayed" ||
 				r.Header.Get("Access-Control-Allow-Credentials") != "" {
 				t.Errorf("answer %d lacks CORS headers: %v", r.Status, r.Header)
 			}

@@ -46,6 +46,7 @@ var problemStatus = map[joblib.Code]int{
 	joblib.CodeStorageFull:              http.StatusServiceUnavailable,
 	joblib.CodePolicyConflict:           http.StatusConflict,
 	joblib.CodeQuotaExceeded:            http.StatusTooManyRequests,
+	joblib.CodeIdempotencyKeyReused:     http.StatusUnprocessableEntity,
 }
 
 func newProblem(code joblib.Code, detail string) Problem {
@@ -57,6 +58,10 @@ func newProblem(code joblib.Code, detail string) Problem {
 }
 
 func writeProblem(w http.ResponseWriter, p Problem) {
+	if p.Status == http.StatusTooManyRequests && w.Header().Get("Retry-After") == "" {
+		// Every 429 says when to come back (clients that retry wait for it).
+		w.Header().Set("Retry-After", "1")
+	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(p.Status)

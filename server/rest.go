@@ -512,28 +512,114 @@ func (s *Server) submitTask(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	var b struct {
-		Payload json.RawMessage `json:"payload"`
-		// Timeout is the task's own task_timeout in seconds (optional).
-		Timeout *int `json:"timeout"`
-	}
-	if !s.decodeBody(w, r, &b) {
+	key, ok := idempotencyKey(w, r)
+	if !ok {
 		return
 	}
-	if t := bytes.TrimSpace(b.Payload); len(t) > 0 && t[0] != '{' {
-		badRequest(w, `field "payload": expected a JSON object`)
-		return
+	sub := joblib.Submission{Room: room, FullName: r.PathValue("name"), IdempotencyKey: key}
+	if name, batch := strings.CutSuffix(sub.FullName, "/batch"); batch {
+		sub.FullName, sub.Batch = name, true
+		var b struct {
+			Tasks json.RawMessage `json:"tasks"`
+		}
+		if !s.decodeBody(w, r, &b) {
+			return
+		}
+		if sub.Payloads, sub.Timeouts, ok = batchPayloads(w, b.Tasks); !ok {
+			return
+		}
+	} else {
+		var b struct {
+			Payload json.RawMessage `json:"payload"`
+			// Timeout is the task's own task_timeout in seconds (optional).
+			Timeout *int `json:"timeout"`
+		}
+		if !s.decodeBody(w, r, &b) {
+			return
+		}
+		if t := bytes.TrimSpace(b.Payload); len(t) > 0 && t[0] != '{' {
+			badRequest(w, `field "payload": expected a JSON object`)
+			return
+		}
+		sub.Payloads, sub.Timeouts = []json.RawMessage{b.Payload}, []*int{b.Timeout}
 	}
-	task, err := s.svc.SubmitTaskWith(r.Context(), p, room, r.PathValue("name"), b.Payload, joblib.SubmitOptions{Timeout: b.Timeout})
+	out, err := s.svc.Submit(r.Context(), p, sub)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	if task.Status != "failed" {
-		w.Header().Set("Location", prefix+"/tasks/"+task.ID.String())
+	if !sub.Batch && out.Tasks[0].Status != "failed" {
+		w.Header().Set("Location", prefix+"/tasks/"+out.Tasks[0].ID.String())
 		w.Header().Set("Retry-After", "1")
 	}
-	writeJSON(w, http.StatusAccepted, task)
+	if out.Replayed {
+		w.Header().Set("Idempotent-Replayed", "true")
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusAccepted)
+	_, _ = w.Write(append(out.Body, '\n'))
+}
+
+// idempotencyKey reads the Idempotency-Key header: absent is "", present
+// it must be one value of 1 to 255 printable characters (else 422).
+func idempotencyKey(w http.ResponseWriter, r *http.Request) (string, bool) {
+	vs := r.Header.Values("Idempotency-Key")
+	if len(vs) == 0 {
+		return "", true
+	}
+	if len(vs) > 1 {
+		badRequest(w, "Idempotency-Key must be given once")
+		return "", false
+	}
+	if err := joblib.ValidateIdempotencyKey(vs[0]); err != nil {
+		e, _ := joblib.AsError(err)
+		badRequest(w, e.Detail)
+		return "", false
+	}
+	return vs[0], true
+}
+
+// batchUnsupported are the per-task members of a batch the issue names
+// that joblib does not store yet: refused, never silently ignored.
+var batchUnsupported = []string{"priority", "run_at", "delay"}
+
+// batchPayloads checks the "tasks" member of a batch submission: an array
+// of {"payload": {...}, "timeout"?: seconds} objects.
+func batchPayloads(w http.ResponseWriter, tasks json.RawMessage) ([]json.RawMessage, []*int, bool) {
+	var items []map[string]json.RawMessage
+	if t := bytes.TrimSpace(tasks); len(t) == 0 || t[0] != '[' || json.Unmarshal(t, &items) != nil {
+		badRequest(w, `field "tasks": expected an array of {"payload": {...}} objects`)
+		return nil, nil, false
+	}
+	out := make([]json.RawMessage, len(items))
+	timeouts := make([]*int, len(items))
+	for i, it := range items {
+		if it == nil {
+			badRequest(w, fmt.Sprintf(`field "tasks[%d]": expected an object {"payload": {...}}`, i))
+			return nil, nil, false
+		}
+		for _, f := range batchUnsupported {
+			if _, ok := it[f]; ok {
+				badRequest(w, fmt.Sprintf(`field "tasks[%d].%s" is not supported yet; submit without it`, i, f))
+				return nil, nil, false
+			}
+		}
+		pl := bytes.TrimSpace(it["payload"])
+		if len(pl) > 0 && pl[0] != '{' {
+			badRequest(w, fmt.Sprintf(`field "tasks[%d].payload": expected a JSON object`, i))
+			return nil, nil, false
+		}
+		out[i] = pl
+		if raw, ok := it["timeout"]; ok && string(bytes.TrimSpace(raw)) != "null" {
+			var v int
+			if err := json.Unmarshal(raw, &v); err != nil {
+				badRequest(w, fmt.Sprintf(`field "tasks[%d].timeout": expected an integer number of seconds`, i))
+				return nil, nil, false
+			}
+			timeouts[i] = &v
+		}
+	}
+	return out, timeouts, true
 }
 
 func (s *Server) claimTask(w http.ResponseWriter, r *http.Request) {

@@ -172,7 +172,7 @@ func TestConfigCredentials(t *testing.T) {
 	s, st := def.Server, def.Settings
 	if s.JWTAudience != "fastapi-users:auth" || s.JWTAlgorithm != "HS256" || s.JWTLeeway != 30*time.Second || s.CredentialCacheTTL != 5*time.Second ||
 		s.RoomAuth.URL != "" || s.RoomAuth.Timeout != 2*time.Second || s.RoomAuth.CacheTTL != 5*time.Second || s.RoomAuth.CacheSize != 10000 || s.RoomAuth.FailOpen || s.RoomAuth.Rate != 50 || s.RoomAuth.Burst != 500 || s.AuthFailureRate != 50 || s.AuthFailureBurst != 500 ||
-		st.UserMaxWorkers != 1000 || st.UserMaxProviders != 1000 || st.UserMaxPendingTasks != 10000 {
+		st.UserMaxWorkers != 1000 || st.UserMaxProviders != 1000 || st.UserMaxPendingTasks != 100000 {
 		t.Fatalf("defaults %+v %+v", s, st)
 	}
 	cfg, err := loadConfig(map[string]string{

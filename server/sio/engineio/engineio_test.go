@@ -227,8 +227,10 @@ func TestSessionBudgets(t *testing.T) {
 	_, hs := start(t, Config{MaxSessionsPerAddr: 2, MaxSessions: 1000, OnReject: count}, newEcho())
 	sid1 := handshake(t, hs.URL)
 	handshake(t, hs.URL)
-	if status, _ := get(t, hs.URL+"/?EIO=4&transport=polling"); status != http.StatusTooManyRequests {
-		t.Fatalf("third session from one address: %d, want 429", status)
+	if res, err := http.Get(hs.URL + "/?EIO=4&transport=polling"); err != nil || res.StatusCode != http.StatusTooManyRequests || res.Header.Get("Retry-After") == "" {
+		t.Fatalf("third session from one address: %v %v, want 429 with Retry-After", res, err)
+	} else {
+		res.Body.Close()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), ioTimeout)
 	defer cancel()

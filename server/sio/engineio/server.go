@@ -93,6 +93,10 @@ func writeErrorMessage(w http.ResponseWriter, status, code int, msg string) {
 		Code    int    `json:"code"`
 		Message string `json:"message"`
 	}{code, msg})
+	if status == http.StatusTooManyRequests {
+		// Every 429 says when to come back.
+		w.Header().Set("Retry-After", "1")
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_, _ = w.Write(body)
