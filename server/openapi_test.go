@@ -124,7 +124,7 @@ func (c *contractTransport) check(req *http.Request, res *http.Response, body []
 // fullNamePath is a path that ends in a job's or provider's full name (and
 // a sub-resource): the mux's {name...} takes the rest of the path, names
 // with '/' included, where an OpenAPI template parameter is one segment.
-var fullNamePath = regexp.MustCompile(`^(/v1/joblib/rooms/[^/]+/(?:jobs|providers|tasks)/)(.+?)(/tasks|/info)?$`)
+var fullNamePath = regexp.MustCompile(`^(/v1/joblib/rooms/[^/]+/(?:jobs|providers|tasks)/)(.+?)(/tasks|/info|/batch)?$`)
 
 // withNameEscaped returns req with the '/' of a full name in its path
 // escaped as %2F (which the server accepts too), so that the document's
@@ -232,7 +232,8 @@ func openAPIPaths(pattern string) []string {
 		base := strings.TrimSuffix(pattern, "{name...}") + "{provider}"
 		return []string{base, base + "/info"}
 	case strings.HasSuffix(pattern, "/tasks/{name...}"):
-		return []string{strings.TrimSuffix(pattern, "{name...}") + "{job}"}
+		base := strings.TrimSuffix(pattern, "{name...}") + "{job}"
+		return []string{base, base + "/batch"}
 	}
 	return []string{pattern}
 }
