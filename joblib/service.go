@@ -42,6 +42,8 @@ type Service struct {
 
 	// touched: token id -> when this process last recorded its use.
 	touched sync.Map
+
+	trends *Trends // the dashboard's last hour; claims are recorded here
 }
 
 // Config is what a Service is built from.
@@ -85,6 +87,7 @@ func New(cfg Config) *Service {
 		log:      cfg.Logger,
 		settings: cfg.Settings,
 		watch:    newTaskWatch(),
+		trends:   NewTrends(nil),
 		draining: make(chan struct{}),
 		internal: map[string]InternalJob{},
 		cache:    cfg.ResultCache,

@@ -268,11 +268,15 @@ func (s *Service) ClaimTasks(ctx context.Context, p Principal, workerID uuid.UUI
 			return nil, err
 		}
 		if owned {
+			for _, ht := range hts {
+				s.recordClaims([]models.Task{ht.Task})
+			}
 			return s.publishHot(ctx, hts), nil
 		}
 		// Not the caller's worker, or none: the general path says which.
 	}
 	var out []Task
+	var claimed []models.Task
 	err := s.mutate(ctx, func(q *models.Q, em *events.Set) error {
 		out = nil
 		// Locked so that a concurrent cleanup of the worker cannot miss the
@@ -288,6 +292,7 @@ func (s *Service) ClaimTasks(ctx context.Context, p Principal, workerID uuid.UUI
 		if err != nil {
 			return err
 		}
+		claimed = ts
 		for _, t := range ts {
 			v := taskView(t)
 			out = append(out, v)
@@ -295,6 +300,9 @@ func (s *Service) ClaimTasks(ctx context.Context, p Principal, workerID uuid.UUI
 		}
 		return nil
 	})
+	if err == nil {
+		s.recordClaims(claimed)
+	}
 	return out, err
 }
 

@@ -155,4 +155,10 @@ log "go test -race"
 # keeps it. The race detector itself stays on everywhere. -parallel 4: most
 # parallel tests wait on sockets, child processes and timers, not on the CPU,
 # and the default (GOMAXPROCS, 2 here) left the cores idle half the time.
+# The server tests validate every REST answer against server/openapi.json
+# and write how many here (go test hides a passing package's output).
+JOBLIB_OPENAPI_REPORT="$(mktemp)"
+export JOBLIB_OPENAPI_REPORT
 go test -race -gcflags='modernc.org/...=-d=checkptr=0' -timeout 30m -count=1 -parallel 4 ./... "$@"
+if [ -s "$JOBLIB_OPENAPI_REPORT" ]; then log "$(cat "$JOBLIB_OPENAPI_REPORT")"; fi
+rm -f "$JOBLIB_OPENAPI_REPORT"

@@ -53,6 +53,10 @@ type DashboardView struct {
 	joblib.Dashboard
 	Sweeper SweeperView `json:"sweeper"`
 	Sockets SocketsView `json:"sockets"`
+	// Trends is the last hour per minute (see joblib.Trends): completed
+	// and failed tasks (every node's, from the bus), pending depth (as
+	// the snapshots saw it), claim latency and cleanups (this node's).
+	Trends joblib.TrendSeries `json:"trends"`
 	// TookMs is how long the snapshot took to read.
 	TookMs float64 `json:"took_ms"`
 }
@@ -179,7 +183,9 @@ func (h *dashHub) compute(ctx context.Context) (*DashboardView, bool, error) {
 	if err != nil {
 		return nil, false, err
 	}
-	v := &DashboardView{Seq: seq, Node: h.rt.svc.Node().ID, Dashboard: d}
+	trends := h.rt.svc.Trends()
+	trends.Pending(d.Totals.Tasks["pending"])
+	v := &DashboardView{Seq: seq, Node: h.rt.svc.Node().ID, Dashboard: d, Trends: trends.Series()}
 	h.rt.mu.Lock()
 	sockets := make(map[uuid.UUID]string, len(h.rt.bound))
 	for id, s := range h.rt.bound {
@@ -273,7 +279,10 @@ func (rt *Realtime) startDashboard(s *Server) {
 	s.dashPoke.Store(&poke)
 	snap := rt.dash.current
 	s.dashSnapshot.Store(&snap)
-	rt.svc.OnCleanup(func(string, joblib.CleanupResult) { rt.dash.poke() })
+	rt.svc.OnCleanup(func(path string, r joblib.CleanupResult) {
+		rt.svc.Trends().Cleanup(path, len(r.Workers))
+		rt.dash.poke()
+	})
 	rt.svc.OnFalsePositive(func(joblib.FalsePositive) { rt.dash.poke() })
 }
 
@@ -310,7 +319,7 @@ const errDashboardForbidden = "The dashboard shows every user's workers and task
 // --- REST: the snapshot and the operator actions (superusers only)
 
 func (s *Server) routesDashboard(write func(http.HandlerFunc) http.HandlerFunc) {
-	m := s.mux
+	m := s.routeMux()
 	m.HandleFunc("GET "+prefix+"/dashboard", s.dbBudget(s.cfg.ReadDBTimeout, s.dashboardSnapshot))
 	m.HandleFunc("POST "+prefix+"/dashboard/tasks/{id}/retry", write(s.dashboardAction(actionRetry)))
 	m.HandleFunc("POST "+prefix+"/dashboard/tasks/{id}/cancel", write(s.dashboardAction(actionCancel)))
@@ -345,7 +354,10 @@ func (s *Server) dashboardSnapshot(w http.ResponseWriter, r *http.Request) {
 	}
 	// No Socket.IO endpoint on this server: the database part only.
 	d, err := s.svc.Dashboard(r.Context())
-	s.answer(w, r, http.StatusOK, DashboardView{Node: s.svc.Node().ID, Dashboard: d}, err)
+	if err == nil {
+		s.svc.Trends().Pending(d.Totals.Tasks["pending"])
+	}
+	s.answer(w, r, http.StatusOK, DashboardView{Node: s.svc.Node().ID, Dashboard: d, Trends: s.svc.Trends().Series()}, err)
 }
 
 type dashboardActionKind string

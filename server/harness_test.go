@@ -228,7 +228,7 @@ func (e *env) do(token, method, path string, body any, hdr ...string) resp {
 		k, v, _ := strings.Cut(h, ":")
 		req.Header.Set(strings.TrimSpace(k), strings.TrimSpace(v))
 	}
-	res, err := http.DefaultClient.Do(req)
+	res, err := apiClient.Do(req)
 	if err != nil {
 		e.t.Fatalf("%s %s: %v", method, path, err)
 	}

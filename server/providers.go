@@ -16,7 +16,7 @@ import (
 )
 
 func (s *Server) routesProviders(list, write func(http.HandlerFunc) http.HandlerFunc) {
-	m := s.mux
+	m := s.routeMux()
 	m.HandleFunc("PUT "+prefix+"/rooms/{room}/providers", write(s.registerProvider))
 	m.HandleFunc("GET "+prefix+"/rooms/{room}/providers", list(s.listProviders))
 	m.HandleFunc("GET "+prefix+"/rooms/{room}/providers/{name...}", s.providerInfoOrRead)

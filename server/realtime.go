@@ -331,6 +331,9 @@ func (rt *Realtime) DropWorkerSockets() int {
 // (their clients do not recover: they rejoin and claim).
 func (rt *Realtime) deliver(e events.Emission) {
 	rt.dash.poke()
+	if ev, ok := e.Event.(events.TaskStatusEvent); ok {
+		rt.svc.Trends().TaskFinished(ev.Status)
+	}
 	var err error
 	switch e.Event.(type) {
 	case events.TaskAvailable, events.ProviderRequest:

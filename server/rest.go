@@ -23,7 +23,7 @@ import (
 const prefix = "/v1/joblib"
 
 func (s *Server) routes() {
-	m := s.mux
+	m := s.routeMux()
 	// Every handler runs under its request class's database time budget,
 	// except the long-polls (GET /tasks/{id}, provider reads), whose
 	// statements are single-row reads and whose wait is bounded on its own.
@@ -48,6 +48,7 @@ func (s *Server) routes() {
 	m.HandleFunc("PATCH "+prefix+"/tasks/{id}", write(s.updateTask))
 	s.routesProviders(list, write)
 	s.routesDashboard(write)
+	s.routesOpenAPI()
 	s.routesMethods()
 
 	m.HandleFunc("GET /healthz", s.healthz)

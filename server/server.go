@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"runtime/debug"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -138,6 +139,9 @@ type Server struct {
 	mux        *http.ServeMux
 	rejections *limits.Rejections
 
+	routesMu sync.Mutex
+	patterns []string // every pattern registered on mux (see routeMux)
+
 	// Set by NewRealtime: the dashboard's trigger and snapshot.
 	dashPoke     atomic.Pointer[func()]
 	dashSnapshot atomic.Pointer[func(context.Context) (*DashboardView, error)]
@@ -195,7 +199,7 @@ func (s *Server) Rejections() *limits.Rejections { return s.rejections }
 func (s *Server) CredentialLookups() int64 { return s.auth.lookups.Load() }
 
 // Handle mounts an extra handler (Socket.IO, metrics) on the server's mux.
-func (s *Server) Handle(pattern string, h http.Handler) { s.mux.Handle(pattern, h) }
+func (s *Server) Handle(pattern string, h http.Handler) { s.routeMux().Handle(pattern, h) }
 
 // Handler is the root handler: it resolves the client address (see
 // clientaddr.Of), answers CORS for the REST API, recovers panics and turns

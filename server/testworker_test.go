@@ -22,7 +22,16 @@ func TestMain(m *testing.M) {
 	if os.Getenv("JOBLIB_TESTWORKER_URL") != "" {
 		os.Exit(testWorkerMain())
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	if n := apiClient.Transport.(*contractTransport).validated.Load(); n > 0 {
+		line := fmt.Sprintf("openapi: %d answers validated against server/openapi.json", n)
+		fmt.Println(line)
+		// scripts/test.sh prints it after the run.
+		if f := os.Getenv("JOBLIB_OPENAPI_REPORT"); f != "" {
+			_ = os.WriteFile(f, []byte(line+"\n"), 0o644)
+		}
+	}
+	os.Exit(code)
 }
 
 // testWorkerMain registers a worker and a job, claims one task (unless

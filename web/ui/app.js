@@ -177,6 +177,7 @@ function render() {
   const key = document.activeElement && document.activeElement.dataset ? document.activeElement.dataset.key : undefined;
   renderRooms();
   renderTiles();
+  renderTrends();
   renderSweeper();
   renderWorkers();
   renderCleanups();
@@ -231,6 +232,73 @@ function renderTiles() {
     tile("sockets", "open sockets (this node)", snap.sockets.open),
   );
   $("tiles").replaceChildren(...tiles);
+}
+
+// --- trends: one sparkline per series, the last hour per minute (the
+// server keeps the ring; the page only draws what was pushed)
+
+const SVG = "http://www.w3.org/2000/svg";
+
+// sparkline draws values (null = nothing that minute) as a polyline
+// scaled to the series' own maximum.
+function sparkline(values) {
+  const w = 180, h = 36, n = values.length;
+  const top = Math.max(1, ...values.filter((v) => v !== null));
+  const svg = document.createElementNS(SVG, "svg");
+  svg.setAttribute("viewBox", `0 0 ${w} ${h}`);
+  svg.setAttribute("class", "spark");
+  svg.setAttribute("aria-hidden", "true");
+  let pts = [];
+  const flush = () => {
+    if (pts.length) {
+      const line = document.createElementNS(SVG, "polyline");
+      line.setAttribute("points", pts.join(" "));
+      svg.append(line);
+    }
+    pts = [];
+  };
+  values.forEach((v, i) => {
+    if (v === null) return flush();
+    const x = n > 1 ? (i / (n - 1)) * w : w;
+    pts.push(`${x.toFixed(1)},${(h - 2 - (v / top) * (h - 4)).toFixed(1)}`);
+  });
+  flush();
+  return svg;
+}
+
+function trend(id, label, values, fmt, summary) {
+  const shown = values.filter((v) => v !== null);
+  const last = shown.length ? shown[shown.length - 1] : null;
+  return el("figure", { class: "trend", id: "trend-" + id, "data-series": id, "data-points": values.map((v) => (v === null ? "" : v)).join(",") },
+    el("figcaption", {}, el("span", { class: "l", text: label }), el("span", { class: "v", text: last === null ? "–" : fmt(last) })),
+    sparkline(values),
+    el("span", { class: "muted small", text: summary }));
+}
+
+function renderTrends() {
+  const tr = snap.trends;
+  if (!tr || !tr.completed) {
+    $("trends").replaceChildren(el("p", { class: "muted", text: "no trends from this server" }));
+    return;
+  }
+  const sum = (a) => a.reduce((x, y) => x + (y || 0), 0);
+  const peak = (a) => Math.max(0, ...a.filter((v) => v !== null));
+  const ms = (v) => dur(v);
+  const figs = [
+    trend("completed", "completed / min", tr.completed, String, `${sum(tr.completed)} in the hour`),
+    trend("failed", "failed / min", tr.failed, String, `${sum(tr.failed)} in the hour`),
+    trend("pending", "pending depth", tr.pending, String, `peak ${peak(tr.pending)}`),
+    trend("claim-p50", "claim latency p50", tr.claim_p50_ms, ms, `${sum(tr.claims)} claims on this node`),
+    trend("claim-p99", "claim latency p99", tr.claim_p99_ms, ms, `worst ${dur(peak(tr.claim_p99_ms))}`),
+  ];
+  const paths = Object.keys(tr.cleanups || {}).sort();
+  for (const p of paths) {
+    figs.push(trend("cleanups-" + p, `cleanups: ${p}`, tr.cleanups[p], String, `${sum(tr.cleanups[p])} in the hour (this node)`));
+  }
+  if (!paths.length) figs.push(el("figure", { class: "trend", id: "trend-cleanups", "data-series": "cleanups" },
+    el("figcaption", {}, el("span", { class: "l", text: "cleanups by path" }), el("span", { class: "v", text: "0" })),
+    el("span", { class: "muted small", text: "none in the hour (this node)" })));
+  $("trends").replaceChildren(...figs);
 }
 
 function renderSweeper() {
