@@ -1,7 +1,6 @@
 package joblib
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -13,26 +12,9 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/zndraw/joblib/internal/dbtest"
+	"github.com/zndraw/joblib/internal/syncbuf"
 	"github.com/zndraw/joblib/models"
 )
-
-// lockedBuffer is a log sink safe for concurrent writes.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // Leadership is a lease row: one holder at a time, renewed under the same
 // epoch, taken over under a new epoch once it expired. A leader that stalled
@@ -188,7 +170,7 @@ func TestLeaseStallHoldsActionsBack(t *testing.T) {
 		var skew time.Duration
 		jump := func(d time.Duration) { mu.Lock(); skew = d; mu.Unlock() }
 		now := func() time.Time { mu.Lock(); defer mu.Unlock(); return time.Now().Add(skew) }
-		var logs lockedBuffer
+		var logs syncbuf.Buffer
 		var lost atomic.Int32
 		l := svc.NewLease(LeaseConfig{Timeout: time.Minute, Now: now, Logger: slog.New(slog.NewTextHandler(&logs, nil)), OnLost: func() {
 			if svc.NodeLeaseValid() {

@@ -1,18 +1,17 @@
 package server_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/zndraw/joblib/internal/dbtest"
+	"github.com/zndraw/joblib/internal/syncbuf"
 	"github.com/zndraw/joblib/joblib"
 	"github.com/zndraw/joblib/models"
 	"github.com/zndraw/joblib/server"
@@ -91,7 +90,7 @@ func TestDashboardSuperuserOnly(t *testing.T) {
 // the new state, publishes it, and leaves an audit row naming the operator.
 func TestDashboardActions(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, db *models.DB) {
-		logs := &lockedBuffer{}
+		logs := &syncbuf.Buffer{}
 		e := setup(t, db, func(o *setupOpts) { o.logger = slog.New(slog.NewJSONHandler(logs, nil)) })
 		f := newDashFixture(t, e)
 		admin := "dashboard:admin"
@@ -166,24 +165,6 @@ func TestDashboardActions(t *testing.T) {
 		e.do(e.admin, "DELETE", api+"/dashboard/workers/"+f.worker, nil).problem(404, "worker-not-found")
 		e.do(e.alice, "PATCH", api+"/workers/"+f.worker, nil).problem(404, "worker-not-found")
 	})
-}
-
-// lockedBuffer is a log sink for concurrent writers.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // The snapshot shows the fleet: workers with owner and jobs, rooms with

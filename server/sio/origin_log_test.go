@@ -1,37 +1,19 @@
 package sio
 
 import (
-	"bytes"
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
+
+	"github.com/zndraw/joblib/internal/syncbuf"
 )
-
-// lockedBuffer is a bytes.Buffer safe for the server's goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // A connection refused for its Origin is logged with the origin, so that an
 // operator can tell why a browser cannot connect; an allowed one is not.
 func TestRefusedOriginIsLogged(t *testing.T) {
 	t.Parallel()
-	var logs lockedBuffer
+	var logs syncbuf.Buffer
 	cfg := testConfig()
 	cfg.OriginPatterns = []string{"app.example.com"}
 	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
