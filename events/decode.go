@@ -18,29 +18,17 @@ func Decode(name string, payload []byte) (Event, error) {
 	case "tasks_invalidate":
 		ev = TasksInvalidate{}
 	case "task_available":
-		var v TaskAvailable
-		err = json.Unmarshal(payload, &v)
-		ev = v
+		ev, err = decodeAs[TaskAvailable](payload)
 	case "task_status_event":
-		var v TaskStatusEvent
-		err = json.Unmarshal(payload, &v)
-		ev = v
+		ev, err = decodeAs[TaskStatusEvent](payload)
 	case "task_cancelled":
-		var v TaskCancelled
-		err = json.Unmarshal(payload, &v)
-		ev = v
+		ev, err = decodeAs[TaskCancelled](payload)
 	case "task_progress_event":
-		var v TaskProgressEvent
-		err = json.Unmarshal(payload, &v)
-		ev = v
+		ev, err = decodeAs[TaskProgressEvent](payload)
 	case "provider_request":
-		var v ProviderRequest
-		err = json.Unmarshal(payload, &v)
-		ev = v
+		ev, err = decodeAs[ProviderRequest](payload)
 	case "provider_result_ready":
-		var v ProviderResultReady
-		err = json.Unmarshal(payload, &v)
-		ev = v
+		ev, err = decodeAs[ProviderResultReady](payload)
 	default:
 		return nil, fmt.Errorf("decode event: unknown name %q", name)
 	}
@@ -48,4 +36,11 @@ func Decode(name string, payload []byte) (Event, error) {
 		return nil, fmt.Errorf("decode %s: %w", name, err)
 	}
 	return ev, nil
+}
+
+// decodeAs unmarshals a payload into the event type T.
+func decodeAs[T Event](payload []byte) (Event, error) {
+	var v T
+	err := json.Unmarshal(payload, &v)
+	return v, err
 }
