@@ -530,8 +530,11 @@ type SweepProbe struct {
 }
 
 // earliestDeadlineSQL is the earliest deadline of a held task: the first
-// entry of the partial index tasks_deadline_idx.
-const earliestDeadlineSQL = "SELECT min(t.deadline_at) FROM tasks t WHERE t.status IN ('claimed', 'running')"
+// entry of the partial index tasks_deadline_idx. It is written as ORDER BY
+// ... LIMIT 1 rather than min(): with few held tasks PostgreSQL's statistics
+// may turn min() into an aggregate over the whole index, and SQLite sorts
+// NULLs (held tasks without limits) first.
+const earliestDeadlineSQL = "SELECT t.deadline_at FROM tasks t WHERE t.status IN ('claimed', 'running') AND t.deadline_at IS NOT NULL ORDER BY t.deadline_at LIMIT 1"
 
 // ProbeSweep answers SweepProbe in one read-only statement, so an idle
 // sweep costs one round trip. Both tests compare a minimum with the
