@@ -84,6 +84,9 @@ func NewPGBus(pool *pgxpool.Pool, node string, log *slog.Logger) *PGBus {
 	return &PGBus{LocalBus: NewLocalBus(), pool: pool, node: node, log: log, ready: make(chan struct{}), channel: Channel, track: newSeqTracker(ReorderWindow)}
 }
 
+// OneOrder implements OneOrder: every node reads one NOTIFY queue.
+func (b *PGBus) OneOrder() bool { return true }
+
 // Monitor implements Monitored.
 func (b *PGBus) Monitor() *Monitor { return &b.mon }
 

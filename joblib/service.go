@@ -153,7 +153,7 @@ func (s *Service) ResultCache() ResultCache { return s.cache }
 // DefaultResultCache picks the cache for a database: PostgreSQL's (shared by
 // every node) or, for SQLite and a nil db, one in this process's memory.
 func DefaultResultCache(db *models.DB, log *slog.Logger, budget ResultCacheBudget) ResultCache {
-	if db != nil && db.Dialect() == models.Postgres {
+	if db != nil && db.Caps().SharedResultCache {
 		c, err := NewPGResultCache(db, PGResultCacheConfig{Logger: log.With("component", "resultcache"), Budget: budget})
 		if err == nil {
 			return c
@@ -221,7 +221,7 @@ func (s *Service) mutate(ctx context.Context, fn func(q *models.Q, em *events.Se
 
 // txBus is the bus when it publishes inside PostgreSQL transactions.
 func (s *Service) txBus() events.TxBus {
-	if tb, ok := s.bus.(events.TxBus); ok && s.db.Dialect() == models.Postgres && !s.Settings().NotifyAfterCommit {
+	if tb, ok := s.bus.(events.TxBus); ok && s.db.Caps().Outbox && !s.Settings().NotifyAfterCommit {
 		return tb
 	}
 	return nil

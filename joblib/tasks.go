@@ -200,7 +200,7 @@ func (s *Service) afterSubmission(ctx context.Context, p Principal, tasks []Task
 // apply (the general path then answers: not found, internal jobs, quota
 // exceeded).
 func (s *Service) submitHot(ctx context.Context, p Principal, room, fullName, body string, timeout *int) (Task, bool, error) {
-	if s.db.Dialect() != models.Postgres {
+	if !s.db.Caps().HotPath {
 		return Task{}, false, nil
 	}
 	quota := s.Settings().quotaFor(models.UsagePendingTasks)
@@ -262,7 +262,7 @@ func (s *Service) ClaimTasks(ctx context.Context, p Principal, workerID uuid.UUI
 	if limit < 1 || limit > MaxClaimBatch {
 		return nil, errf(CodeValidation, "limit must be between 1 and %d", MaxClaimBatch)
 	}
-	if s.db.Dialect() == models.Postgres {
+	if s.db.Caps().HotPath {
 		owned, hts, err := s.db.ClaimTasksHot(ctx, workerID, p.ID, limit, start, s.hotNotify())
 		if err != nil {
 			return nil, err
@@ -420,7 +420,7 @@ func (s *Service) checkUpdate(status string, errMsg *string, result json.RawMess
 // cancellation takes the general path, which also tells the holder
 // (task_cancelled).
 func (s *Service) hotEligible(status string, errMsg *string) bool {
-	return s.db.Dialect() == models.Postgres && status != models.StatusClaimed && status != models.StatusPending &&
+	return s.db.Caps().HotPath && status != models.StatusClaimed && status != models.StatusPending &&
 		status != models.StatusCancelled && (errMsg == nil || len(*errMsg) < hotErrorMax)
 }
 
