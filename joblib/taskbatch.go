@@ -4,9 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/zndraw/joblib/internal/taskstatus"
 
 	"github.com/google/uuid"
-	"github.com/zndraw/joblib/events"
 	"github.com/zndraw/joblib/models"
 )
 
@@ -60,7 +60,7 @@ func (s *Service) UpdateTasks(ctx context.Context, p Principal, ups []TaskUpdate
 			continue
 		}
 		stored[i] = st
-		if events.Terminal(u.Status) {
+		if taskstatus.Terminal(u.Status) {
 			s.progress.flush(u.TaskID) // its last progress goes before its end
 		}
 		if s.hotEligible(u.Status, u.Error) {

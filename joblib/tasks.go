@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"github.com/zndraw/joblib/internal/taskstatus"
 	"slices"
 	"strings"
 	"time"
@@ -14,32 +15,9 @@ import (
 	"github.com/zndraw/joblib/models"
 )
 
-// transitions is the task state machine (contract §3.1); anything else,
-// including a transition to the same state, is refused with 409.
-var transitions = map[string][]string{
-	models.StatusPending: {models.StatusClaimed, models.StatusCancelled},
-	models.StatusClaimed: {models.StatusRunning, models.StatusFailed, models.StatusCancelled},
-	models.StatusRunning: {models.StatusCompleted, models.StatusFailed, models.StatusCancelled},
-}
-
-// ValidStatus reports whether s is one of the six task statuses.
-func ValidStatus(s string) bool {
-	switch s {
-	case models.StatusPending, models.StatusClaimed, models.StatusRunning,
-		models.StatusCompleted, models.StatusFailed, models.StatusCancelled:
-		return true
-	}
-	return false
-}
-
-func allowed(from, to string) bool {
-	for _, t := range transitions[from] {
-		if t == to {
-			return true
-		}
-	}
-	return false
-}
+// ValidStatus reports whether s is one of the six task statuses
+// (taskstatus.Valid).
+func ValidStatus(s string) bool { return taskstatus.Valid(s) }
 
 // SubmitTask creates a task for a job, addressed by full name, in a target
 // room. Any room may submit to any job.
@@ -369,7 +347,7 @@ func (s *Service) UpdateTaskResult(ctx context.Context, p Principal, id uuid.UUI
 	if err != nil {
 		return Task{}, err
 	}
-	if events.Terminal(status) {
+	if taskstatus.Terminal(status) {
 		s.progress.flush(id) // its last progress goes before its end
 	}
 	if s.hotEligible(status, errMsg) {
@@ -428,7 +406,7 @@ func (s *Service) hotEligible(status string, errMsg *string) bool {
 // error is kept with a terminal status only, as the general path keeps it).
 func toHotUpdate(id uuid.UUID, status string, errMsg *string, stored *string) models.HotUpdate {
 	u := models.HotUpdate{ID: id, Status: status, Result: stored}
-	if errMsg != nil && events.Terminal(status) {
+	if errMsg != nil && taskstatus.Terminal(status) {
 		u.Error = *errMsg
 	}
 	return u
@@ -438,11 +416,11 @@ func toHotUpdate(id uuid.UUID, status string, errMsg *string, stored *string) mo
 // "from>to" for models.UpdateTasksHot.
 var hotTransitions = func() []string {
 	var out []string
-	for from, tos := range transitions {
+	for _, from := range taskstatus.All {
 		if from == models.StatusPending {
 			continue // a pending task is never held by a worker
 		}
-		for _, to := range tos {
+		for _, to := range taskstatus.Next(from) {
 			out = append(out, from+">"+to)
 		}
 	}
@@ -467,7 +445,7 @@ func (s *Service) updateTask(ctx context.Context, p Principal, id uuid.UUID, sta
 		if err := s.authorizeUpdate(q, p, t, status); err != nil {
 			return err
 		}
-		if !allowed(t.Status, status) {
+		if !taskstatus.Allowed(t.Status, status) {
 			return errf(CodeInvalidTaskTransition, "Cannot transition from '%s' to '%s'", t.Status, status)
 		}
 		if t.WorkerID == nil && (status == models.StatusClaimed || status == models.StatusRunning) {
@@ -512,7 +490,7 @@ func (s *Service) updateTask(ctx context.Context, p Principal, id uuid.UUID, sta
 		// take a job's last reason to live: a held task's worker still links
 		// the job, and a cleanup of that worker decides about the job. So
 		// completions never lock the job row that all its tasks share.
-		if events.Terminal(status) && t.WorkerID == nil {
+		if taskstatus.Terminal(status) && t.WorkerID == nil {
 			orphans, err := q.SoftDeleteOrphanJobs([]uuid.UUID{t.JobID})
 			if err != nil {
 				return err

@@ -2,6 +2,7 @@ package joblib_test
 
 import (
 	"encoding/json"
+	"github.com/zndraw/joblib/internal/taskstatus"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -312,7 +313,7 @@ func TestCompletionRacingTimeoutExactlyOnce(t *testing.T) {
 		for {
 			running := 0
 			for _, id := range ids {
-				if !events.Terminal(b.task(id).Status) {
+				if !taskstatus.Terminal(b.task(id).Status) {
 					running++
 				}
 			}

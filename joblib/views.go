@@ -3,6 +3,7 @@ package joblib
 import (
 	"cmp"
 	"encoding/json"
+	"github.com/zndraw/joblib/internal/taskstatus"
 
 	"github.com/google/uuid"
 	"github.com/zndraw/joblib/events"
@@ -106,7 +107,7 @@ type Progress struct {
 }
 
 // Terminal reports whether the task reached a final status.
-func (t Task) Terminal() bool { return events.Terminal(t.Status) }
+func (t Task) Terminal() bool { return taskstatus.Terminal(t.Status) }
 
 // Provider is a provider as the API returns it.
 type Provider struct {

@@ -2,6 +2,7 @@ package models
 
 import (
 	"github.com/google/uuid"
+	"github.com/zndraw/joblib/internal/taskstatus"
 )
 
 // User is an account that owns workers and providers and submits tasks.
@@ -123,14 +124,15 @@ type Provider struct {
 // FullName is room:category:name.
 func (p Provider) FullName() string { return p.RoomID + ":" + p.Category + ":" + p.Name }
 
-// Task statuses as stored and as the API shows them.
+// Task statuses as stored and as the API shows them: the vocabulary is
+// taskstatus's, named here for the queries that write them.
 const (
-	StatusPending   = "pending"
-	StatusClaimed   = "claimed"
-	StatusRunning   = "running"
-	StatusCompleted = "completed"
-	StatusFailed    = "failed"
-	StatusCancelled = "cancelled"
+	StatusPending   = taskstatus.Pending
+	StatusClaimed   = taskstatus.Claimed
+	StatusRunning   = taskstatus.Running
+	StatusCompleted = taskstatus.Completed
+	StatusFailed    = taskstatus.Failed
+	StatusCancelled = taskstatus.Cancelled
 )
 
 // Page is limit/offset pagination.
