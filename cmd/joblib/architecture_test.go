@@ -1,9 +1,11 @@
 package main
 
 import (
+	"io/fs"
 	"maps"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -94,6 +96,46 @@ func TestArchitectureDiagram(t *testing.T) {
 	for pkg := range code {
 		if purpose[pkg] != 1 {
 			t.Errorf("package %s has %d rows in the package table of docs/architecture.md, want 1", pkg, purpose[pkg])
+		}
+	}
+}
+
+// TestDialectStaysInModels: outside models no code asks which database it
+// runs on (a Dialect comparison, models.Postgres or models.SQLite, a nil
+// check of the pgx pool) or which bus it has (a *events.PGBus assertion):
+// it asks models.DB.Caps or events.DeliversInOneOrder, named for what it
+// needs. Tests, internal/dbtest and the benchmarks may pick a dialect.
+func TestDialectStaysInModels(t *testing.T) {
+	banned := regexp.MustCompile(`\.Dialect\(\)\s*[!=]=|models\.(Postgres|SQLite)\b|\.Pool\s*[!=]=\s*nil|\.\(\*(events\.)?PGBus\)`)
+	// Left for the change that rewrites serve's start order (issue 24):
+	// the bus choice there still reads the pool.
+	allowed := map[string]bool{"case db.Pool != nil:": true}
+	for _, dir := range []string{"client", "cmd", "events", "joblib", "server", "web", "internal"} {
+		err := filepath.WalkDir(filepath.Join("../..", dir), func(path string, d fs.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			if d.IsDir() && strings.HasSuffix(path, filepath.Join("internal", "dbtest")) {
+				return filepath.SkipDir
+			}
+			if d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+				return nil
+			}
+			b, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			for i, line := range strings.Split(string(b), "\n") {
+				code := strings.TrimSpace(line)
+				if strings.HasPrefix(code, "//") || allowed[code] || !banned.MatchString(code) {
+					continue
+				}
+				t.Errorf("%s:%d asks which database or bus it runs on: %s (use models.DB.Caps or events.DeliversInOneOrder)", path, i+1, code)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
 		}
 	}
 }
