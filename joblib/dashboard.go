@@ -4,12 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/zndraw/joblib/internal/taskstatus"
 	"sort"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/zndraw/joblib/events"
+	"github.com/zndraw/joblib/internal/taskstatus"
 	"github.com/zndraw/joblib/models"
 )
 

@@ -4,9 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/zndraw/joblib/internal/taskstatus"
 
 	"github.com/google/uuid"
+	"github.com/zndraw/joblib/internal/taskstatus"
 	"github.com/zndraw/joblib/models"
 )
 

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"github.com/zndraw/joblib/internal/taskstatus"
 	"slices"
 	"strings"
 	"time"
@@ -12,6 +11,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/zndraw/joblib/events"
 	"github.com/zndraw/joblib/internal/limits"
+	"github.com/zndraw/joblib/internal/taskstatus"
 	"github.com/zndraw/joblib/models"
 )
 

@@ -2,7 +2,6 @@ package joblib_test
 
 import (
 	"encoding/json"
-	"github.com/zndraw/joblib/internal/taskstatus"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -13,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/zndraw/joblib/events"
 	"github.com/zndraw/joblib/internal/dbtest"
+	"github.com/zndraw/joblib/internal/taskstatus"
 	"github.com/zndraw/joblib/joblib"
 	"github.com/zndraw/joblib/models"
 )

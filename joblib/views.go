@@ -3,10 +3,10 @@ package joblib
 import (
 	"cmp"
 	"encoding/json"
-	"github.com/zndraw/joblib/internal/taskstatus"
 
 	"github.com/google/uuid"
 	"github.com/zndraw/joblib/events"
+	"github.com/zndraw/joblib/internal/taskstatus"
 	"github.com/zndraw/joblib/models"
 )
 
