@@ -79,7 +79,7 @@ func DefaultRealtimeConfig() RealtimeConfig {
 		MaxMessageBytes: sio.DefaultMaxPayload, SendQueue: sio.DefaultSendQueue, ConnectTimeout: sio.DefaultConnectTimeout,
 		MaxAttachments: sio.DefaultMaxAttachments, MaxEventBytes: sio.DefaultMaxEventBytes, MaxEventDepth: sio.DefaultMaxDepth,
 		MaxRooms: sio.DefaultMaxRooms, MaxSessions: engineio.DefaultMaxSessions, MaxSessionsPerAddr: engineio.DefaultMaxSessionsPerAddr,
-		MaxHints: engineio.DefaultMaxHints,
+		MaxHints:       engineio.DefaultMaxHints,
 		RecoveryWindow: 2 * time.Minute, RecoveryMaxPackets: 1000, RecoveryMaxBytes: 4 << 20, RecoveryHistoryBytes: 64 << 20,
 	}
 }
