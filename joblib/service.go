@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/zndraw/joblib/events"
+	"github.com/zndraw/joblib/internal/startstop"
 	"github.com/zndraw/joblib/models"
 )
 
@@ -136,6 +137,10 @@ func (s *Service) Stop() {
 	s.relay.stop()
 	s.cache.Stop()
 }
+
+// Service follows the one start/stop contract. Drain is a step of its own,
+// before Stop: the HTTP drain runs it so that long-polls answer at once.
+var _ startstop.Service = (*Service)(nil)
 
 // Close stops the service and detaches it from its bus.
 func (s *Service) Close() {

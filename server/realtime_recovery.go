@@ -94,7 +94,7 @@ func (rt *Realtime) purgeRecovery() {
 		if !rt.svc.DB().Caps().SharedSessions {
 			continue
 		}
-		ctx, cancel := context.WithTimeout(rt.ctx, 10*time.Second)
+		ctx, cancel := rt.writeBudget(rt.ctx)
 		_, err := rt.svc.DB().PurgeSocketSessions(ctx)
 		cancel()
 		if err != nil && rt.ctx.Err() == nil {

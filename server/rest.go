@@ -77,6 +77,15 @@ func (s *Server) dbBudget(d time.Duration, h http.HandlerFunc) http.HandlerFunc 
 	}
 }
 
+// dbBudgetContext is ctx cancelled with errDBBudget after d (not at all
+// for d <= 0): the budget of work that is not an HTTP request.
+func dbBudgetContext(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	if d <= 0 {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeoutCause(ctx, d, errDBBudget)
+}
+
 type budgetKey struct{}
 
 // budget is a request's database time budget.

@@ -9,7 +9,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/zndraw/joblib/joblib"
-	"github.com/zndraw/joblib/models"
 )
 
 // taskUpdateBody is one report of a batch update, as PATCH /tasks/{id}
@@ -62,8 +61,8 @@ func decodeTaskUpdates(updates json.RawMessage) ([]joblib.TaskUpdate, error) {
 }
 
 // taskUpdateItems turns the service's outcomes into the answer's items. A
-// failure that is not a refusal (the database, a deadline) is logged and
-// answered as that report's internal-error or statement-timeout problem.
+// failure is answered as that report's problem, as REST answers the same
+// error (classify).
 func taskUpdateItems(ctx context.Context, log *slog.Logger, rs []joblib.TaskUpdateResult) []taskUpdateItem {
 	out := make([]taskUpdateItem, len(rs))
 	for i, r := range rs {
@@ -71,17 +70,11 @@ func taskUpdateItems(ctx context.Context, log *slog.Logger, rs []joblib.TaskUpda
 		if r.Err == nil {
 			continue
 		}
-		var p Problem
-		switch e, ok := joblib.AsError(r.Err); {
-		case ok:
-			p = newProblem(e.Code, e.Detail)
-		case models.IsTimeout(r.Err):
-			p = newProblem(joblib.CodeStatementTimeout, "the report's database work took longer than its budget and was cancelled; retry it")
-		default:
-			log.LogAttrs(ctx, slog.LevelError, "task update failed", slog.String("task_id", r.TaskID.String()), slog.Any("err", r.Err))
-			p = Problem{Type: "/v1/problems/internal-error", Title: http.StatusText(500), Status: 500, Detail: "internal error"}
+		v := classify(ctx, r.Err)
+		if v.Log != "" {
+			log.LogAttrs(ctx, v.LogLevel, "task update failed: "+v.Log, slog.String("task_id", r.TaskID.String()), slog.Any("err", r.Err))
 		}
-		out[i].Problem = &p
+		out[i].Problem = &v.Problem
 	}
 	return out
 }

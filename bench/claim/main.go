@@ -317,7 +317,7 @@ func newJoblibBench(ctx context.Context, db *models.DB, statements *atomic.Int64
 	api := server.New(svc, server.DefaultConfig(), nil)
 	rt := api.NewRealtime(server.DefaultRealtimeConfig(), nil)
 	api.Handle("/socket.io/", rt)
-	rt.Start()
+	_ = rt.Start(context.Background())
 	srv := httptest.NewServer(api.Handler())
 	c := &client{base: srv.URL + "/v1/joblib", token: token, http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: o.workers * 2}}}
 	b := &joblibBench{o: o, svc: svc, srv: srv, rt: rt, c: c, statements: statements}

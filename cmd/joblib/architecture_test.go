@@ -107,9 +107,6 @@ func TestArchitectureDiagram(t *testing.T) {
 // needs. Tests, internal/dbtest and the benchmarks may pick a dialect.
 func TestDialectStaysInModels(t *testing.T) {
 	banned := regexp.MustCompile(`\.Dialect\(\)\s*[!=]=|models\.(Postgres|SQLite)\b|\.Pool\s*[!=]=\s*nil|\.\(\*(events\.)?PGBus\)`)
-	// Left for the change that rewrites serve's start order (issue 24):
-	// the bus choice there still reads the pool.
-	allowed := map[string]bool{"case db.Pool != nil:": true}
 	for _, dir := range []string{"client", "cmd", "events", "joblib", "server", "web", "internal"} {
 		err := filepath.WalkDir(filepath.Join("../..", dir), func(path string, d fs.DirEntry, err error) error {
 			if err != nil {
@@ -127,7 +124,7 @@ func TestDialectStaysInModels(t *testing.T) {
 			}
 			for i, line := range strings.Split(string(b), "\n") {
 				code := strings.TrimSpace(line)
-				if strings.HasPrefix(code, "//") || allowed[code] || !banned.MatchString(code) {
+				if strings.HasPrefix(code, "//") || !banned.MatchString(code) {
 					continue
 				}
 				t.Errorf("%s:%d asks which database or bus it runs on: %s (use models.DB.Caps or events.DeliversInOneOrder)", path, i+1, code)
