@@ -635,6 +635,41 @@ CREATE TABLE idempotency_keys (
 CREATE INDEX idempotency_keys_created_idx ON idempotency_keys (created_at);
 `,
 	},
+	{
+		version: 150,
+		name:    "retries, delayed and prioritised tasks",
+		// A job's retry policy: a failed report puts the task back to
+		// pending after a backoff of retry_backoff × 2^(attempt-1) seconds,
+		// at most retry_max_backoff (NULL retry_backoff: no retry). A task
+		// carries its priority, the time it may run from (run_at) and
+		// whether it still waits for it (delayed): the leader clears
+		// delayed once run_at has passed on the database clock. Claims walk
+		// tasks_ready_idx, which holds only the claimable pending tasks in
+		// claim order, so a delayed task is never read by a claim; the
+		// leader finds the next due one as the first entry of
+		// tasks_delayed_idx. errors keeps the last failed attempts' errors
+		// (JSON).
+		postgres: `
+ALTER TABLE jobs ADD COLUMN retry_backoff double precision;
+ALTER TABLE jobs ADD COLUMN retry_max_backoff double precision;
+ALTER TABLE tasks ADD COLUMN priority integer NOT NULL DEFAULT 0;
+ALTER TABLE tasks ADD COLUMN run_at timestamptz;
+ALTER TABLE tasks ADD COLUMN delayed boolean NOT NULL DEFAULT false;
+ALTER TABLE tasks ADD COLUMN errors text;
+CREATE INDEX tasks_ready_idx ON tasks (job_id, priority DESC, seq) WHERE status = 'pending' AND NOT delayed;
+CREATE INDEX tasks_delayed_idx ON tasks (run_at) WHERE status = 'pending' AND delayed;
+`,
+		sqlite: `
+ALTER TABLE jobs ADD COLUMN retry_backoff REAL;
+ALTER TABLE jobs ADD COLUMN retry_max_backoff REAL;
+ALTER TABLE tasks ADD COLUMN priority INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE tasks ADD COLUMN run_at TEXT;
+ALTER TABLE tasks ADD COLUMN delayed INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE tasks ADD COLUMN errors TEXT;
+CREATE INDEX tasks_ready_idx ON tasks (job_id, priority DESC, seq) WHERE status = 'pending' AND NOT delayed;
+CREATE INDEX tasks_delayed_idx ON tasks (run_at) WHERE status = 'pending' AND delayed;
+`,
+	},
 }
 
 // SchemaLockSQL takes the transaction-scoped advisory lock that serialises
