@@ -293,6 +293,7 @@ func TestPriorityDelayRacingClaimers(t *testing.T) {
 					}
 					if r < last {
 						errs <- fmt.Errorf("worker %s claimed rank %d after rank %d", w, r, last)
+						return
 					}
 					last = r
 					mu.Lock()
