@@ -45,6 +45,8 @@ type Service struct {
 	touched sync.Map
 
 	trends *Trends // the dashboard's last hour; claims are recorded here
+
+	sched *scheduler // kicks the leader's timer of delayed tasks
 }
 
 // Config is what a Service is built from.
@@ -105,7 +107,11 @@ func New(cfg Config) *Service {
 		}
 		s.node = n
 	}
-	s.unsubbus = s.bus.Subscribe(s.watch.observe)
+	s.sched = newScheduler()
+	s.unsubbus = s.bus.Subscribe(func(e events.Emission) {
+		s.watch.observe(e)
+		s.sched.observe(e)
+	})
 	if m, ok := s.bus.(events.Monitored); ok {
 		// Changes of other nodes may have been missed: every task
 		// long-poll re-reads its row.

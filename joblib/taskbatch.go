@@ -20,6 +20,9 @@ type TaskUpdate struct {
 	Status string
 	Error  *string
 	Result json.RawMessage
+	// NoRetry makes a failed report final even when the job retries
+	// ("retry": false).
+	NoRetry bool
 }
 
 // TaskUpdateResult is the outcome of one report of a batch: the task as it
@@ -85,7 +88,7 @@ func (s *Service) UpdateTasks(ctx context.Context, p Principal, ups []TaskUpdate
 			out[i].Task = &t
 			continue
 		}
-		t, err := s.updateTask(ctx, p, u.TaskID, u.Status, u.Error, stored[i])
+		t, err := s.updateTask(ctx, p, u.TaskID, u.Status, u.Error, stored[i], u.NoRetry)
 		if err != nil {
 			if _, ok := AsError(err); !ok {
 				// Not a refusal but a failure (the database, the request's

@@ -18,6 +18,8 @@ type taskUpdateBody struct {
 	Status *string         `json:"status"`
 	Error  *string         `json:"error"`
 	Result json.RawMessage `json:"result"`
+	// Retry false makes a failed report final, whatever the job's retry.
+	Retry *bool `json:"retry"`
 }
 
 // taskUpdateItem is the answer to one report of a batch update: the task,
@@ -52,7 +54,7 @@ func decodeTaskUpdates(updates json.RawMessage) ([]joblib.TaskUpdate, error) {
 		if b.TaskID == nil {
 			return nil, fmt.Errorf(`updates[%d]: field "task_id" is required`, i)
 		}
-		ups[i] = joblib.TaskUpdate{TaskID: *b.TaskID, Error: b.Error, Result: b.Result}
+		ups[i] = joblib.TaskUpdate{TaskID: *b.TaskID, Error: b.Error, Result: b.Result, NoRetry: b.Retry != nil && !*b.Retry}
 		if b.Status != nil {
 			ups[i].Status = *b.Status
 		}

@@ -57,6 +57,7 @@ import (
 )
 
 type options struct {
+	priorities             int
 	db                     string
 	workers, tasks, rounds int
 	batch                  int
@@ -88,6 +89,7 @@ func main() {
 	flag.StringVar(&o.flow, "flow", "contract", "how joblib's workers report: contract (PATCH running and PATCH completed per task), batch (POST /tasks/update-batch per claimed batch and status), socket (claim_tasks and update_tasks over each worker's Socket.IO connection, no HTTP)")
 	flag.BoolVar(&o.start, "start", false, "with -flow batch or socket: claims start the tasks (running at once), so workers report only completed")
 	flag.IntVar(&o.progressRate, "progress-rate", 0, "joblib: another worker reports this many task progresses per second (PATCH {\"progress\"}) on 100 tasks it holds while the workers claim and report")
+	flag.IntVar(&o.priorities, "priorities", 0, "joblib: submit the tasks in this many priorities (0..n-1, mixed), so that claims take them by priority")
 	flag.BoolVar(&o.floor, "floor", false, "PostgreSQL: also run the HTTP floor, the contract's three requests per task to a server that runs only the raw loop's statements")
 	flag.Parse()
 	if err := run(context.Background(), o); err != nil {
@@ -431,7 +433,11 @@ func (b *joblibBench) round(ctx context.Context) (result, error) {
 	for s := range submitters {
 		wg.Go(func() {
 			for i := s; i < b.o.tasks; i += submitters {
-				if err := b.c.do("POST", "/rooms/bench/tasks/bench:modifiers:Bench", map[string]any{"payload": map[string]any{"i": i}}, nil); err != nil {
+				body := map[string]any{"payload": map[string]any{"i": i}}
+				if b.o.priorities > 0 {
+					body["priority"] = i % b.o.priorities
+				}
+				if err := b.c.do("POST", "/rooms/bench/tasks/bench:modifiers:Bench", body, nil); err != nil {
 					failed.Store(err)
 					return
 				}
