@@ -13,7 +13,14 @@ import (
 func realtimeCfg() server.RealtimeConfig {
 	c := server.DefaultRealtimeConfig()
 	c.PingInterval = 300 * time.Millisecond
-	c.PingTimeout = 300 * time.Millisecond
+	// Pings stay frequent, so every test exercises them, but a client may
+	// answer late: under -race on a loaded 2-core machine a client's reader
+	// can be starved for over a second, and a 300 ms timeout then closed
+	// healthy sockets mid-test (TestBatchUpdateRace's "socket closed",
+	// TestNodeClientFlow's lost jobs_invalidate). No test here relies on the
+	// ping timeout to find a dead client: a killed process closes its TCP
+	// connection at once.
+	c.PingTimeout = 3 * time.Second
 	c.DisconnectGrace = 500 * time.Millisecond
 	c.KeepAliveInterval = 100 * time.Millisecond
 	return c
