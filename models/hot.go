@@ -68,6 +68,26 @@ const hotOutbox = `, ev AS (
 
 const hotNotified = "COALESCE(octet_length(ev.p) < @max_bytes, false)"
 
+// hotCounted is the CTE with which a hot statement keeps the task counts
+// itself, in place of the statement trigger on tasks (see migration 161):
+// the delta rows (status, d) of its changes, from the query in %s, with
+// columns status and d, one row per task and status. hotCountedCol, in the
+// statement's select list, then tells the trigger, which fires once the
+// statement's own work is done, that this statement's changes are counted:
+// a transaction-local setting the trigger resets, so that it skips this
+// statement only. The setting is evaluated only where the select list is,
+// i.e. only when the statement returns rows, and the trigger counts a
+// statement whose flag is not set as before: both or neither.
+const hotCounted = `, cnt AS (
+	INSERT INTO task_count_deltas (status, d)
+	SELECT status, sum(d) FROM (%s) c GROUP BY status HAVING sum(d) <> 0
+	RETURNING 1
+)`
+
+// hotCountedCol is the select list's expression that marks the statement
+// counted (see hotCounted); it is not read.
+const hotCountedCol = `(SELECT set_config('joblib.counted', 'on', true))`
+
 // set adds the HotNotify fields to a hot statement's named arguments.
 func (h HotNotify) set(a pgx.NamedArgs) pgx.NamedArgs {
 	a["channel"], a["prefix"], a["middle"], a["suffix"], a["room_prefix"], a["max_bytes"] = h.Channel, h.Prefix, h.Middle, h.Suffix, h.RoomPrefix, h.MaxBytes
@@ -87,7 +107,7 @@ func scanHotTask(row pgx.Rows) (HotTask, error) {
 		&t.CreatedAt, &t.ClaimedAt, &t.StartedAt, &t.CompletedAt, &t.Error, &t.Result,
 		&t.JobRoom, &t.JobCategory, &t.JobName, &t.OnWorkerLoss, &t.MaxAttempts,
 		&t.TaskTimeout, &t.HeartbeatTimeout, &t.DeadlineAt, &t.ProgressCurrent, &t.ProgressTotal, &t.ProgressMessage, &t.ProgressAt, &t.OnTimeout,
-		&t.QueuePosition, &t.Notified)
+		&t.QueuePosition, &t.Notified, nil)
 	return t, err
 }
 
@@ -130,8 +150,8 @@ var claimSQL = `WITH w AS (
 		progress_current = NULL, progress_total = NULL, progress_message = NULL, progress_at = NULL
 	WHERE t.id = ANY(ARRAY(SELECT id FROM picked))
 	RETURNING t.*
-)` + fmt.Sprintf(hotOutbox, hotPayload("NULL")) + `
-SELECT EXISTS (SELECT 1 FROM w), ` + hotTaskCols + `, NULL::bigint AS qp, ` + hotNotified + `
+)` + fmt.Sprintf(hotOutbox, hotPayload("NULL")) + fmt.Sprintf(hotCounted, `SELECT 'pending' AS status, -1 AS d FROM u UNION ALL SELECT status, 1 FROM u`) + `
+SELECT EXISTS (SELECT 1 FROM w), ` + hotTaskCols + `, NULL::bigint AS qp, ` + hotNotified + `, ` + hotCountedCol + ` IS NULL
 FROM (SELECT 1) one LEFT JOIN (u LEFT JOIN jobs j ON j.id = u.job_id LEFT JOIN ev ON ev.id = u.id) ON true
 ORDER BY u.seq`
 
@@ -169,7 +189,7 @@ func (db *DB) ClaimTasksHot(ctx context.Context, workerID, userID uuid.UUID, lim
 			&t.CreatedAt, &t.ClaimedAt, &t.StartedAt, &t.CompletedAt, &t.Error, &t.Result,
 			&t.JobRoom, &t.JobCategory, &t.JobName, &t.OnWorkerLoss, &t.MaxAttempts,
 			&t.TaskTimeout, &t.HeartbeatTimeout, &t.DeadlineAt, &t.ProgressCurrent, &t.ProgressTotal, &t.ProgressMessage, &t.ProgressAt, &t.OnTimeout,
-			&t.QueuePosition, &t.Notified)
+			&t.QueuePosition, &t.Notified, nil)
 		if err != nil {
 			return false, nil, fmt.Errorf("claim tasks: %w", err)
 		}
@@ -213,8 +233,8 @@ var submitSQL = `WITH jj AS (
 ), ob AS (
 	INSERT INTO joblib_event_outbox (payload)
 	SELECT unnest(ARRAY[p, a]) FROM ev WHERE octet_length(p) < @max_bytes AND octet_length(a) < @max_bytes RETURNING 1
-)
-SELECT ` + hotTaskCols + `, u.position, COALESCE(octet_length(ev.p) < @max_bytes AND octet_length(ev.a) < @max_bytes, false)
+)` + fmt.Sprintf(hotCounted, `SELECT status, 1 AS d FROM u`) + `
+SELECT ` + hotTaskCols + `, u.position, COALESCE(octet_length(ev.p) < @max_bytes AND octet_length(ev.a) < @max_bytes, false), ` + hotCountedCol + ` IS NULL
 FROM v u JOIN jobs j ON j.id = u.job_id LEFT JOIN ev ON ev.id = u.id`
 
 // AvailableFrame is the frame of the task_available event a submission
@@ -341,14 +361,15 @@ func updateSQL(b, key string) string {
 		completed_at = CASE WHEN b.status IN ('completed', 'failed', 'cancelled') THEN now() ELSE t.completed_at END,
 		error = CASE WHEN b.err <> '' THEN b.err ELSE t.error END,
 		result = COALESCE(b.result, t.result)
-	FROM b
+	FROM b JOIN tasks o ON o.id = b.id -- o: the task as the statement's snapshot saw it
 	WHERE ` + key + ` AND t.id = b.id AND (t.status || '>' || b.status) = ANY(@transitions::text[])
+		AND t.status = o.status -- so that o.status is the status this update changed (a concurrent change fails it)
 		AND (t.lost_worker_id IS NULL OR t.worker_id <> t.lost_worker_id)
 		AND (t.deadline_at IS NULL OR t.deadline_at > now()) -- a task past its deadline takes no report
 		AND EXISTS (SELECT 1 FROM workers w WHERE w.id = t.worker_id AND w.user_id = @user OFFSET 0)
-	RETURNING t.*
-)` + fmt.Sprintf(hotOutbox, hotPayload("NULL")) + `
-SELECT ` + hotTaskCols + `, NULL::bigint AS qp, ` + hotNotified + `
+	RETURNING t.*, o.status AS old_status
+)` + fmt.Sprintf(hotOutbox, hotPayload("NULL")) + fmt.Sprintf(hotCounted, `SELECT old_status AS status, -1 AS d FROM u UNION ALL SELECT status, 1 FROM u`) + `
+SELECT ` + hotTaskCols + `, NULL::bigint AS qp, ` + hotNotified + `, ` + hotCountedCol + ` IS NULL
 FROM u LEFT JOIN jobs j ON j.id = u.job_id LEFT JOIN ev ON ev.id = u.id
 ORDER BY u.seq`
 }
