@@ -2,9 +2,6 @@ package events
 
 import "time"
 
-// SchemaLockSQL exposes the schema lock statement to the tests.
-const SchemaLockSQL = schemaLockSQL
-
 // SetReorderWindow shortens a bus's reorder window for tests.
 func (b *NATSBus) SetReorderWindow(d time.Duration) { b.track.window = d }
 

@@ -41,7 +41,7 @@ func TestBusesDeliverInOneOrder(t *testing.T) {
 	t.Parallel()
 	buses := map[string]func(t *testing.T) []events.Bus{
 		"postgres": func(t *testing.T) []events.Bus {
-			url := dbtest.URL(t, models.Postgres)
+			url := dbtest.MigratedURL(t, models.Postgres)
 			return []events.Bus{openPG(t, url, "oa"), openPG(t, url, "ob"), openPG(t, url, "oc")}
 		},
 		"nats": func(t *testing.T) []events.Bus {
@@ -134,7 +134,7 @@ func TestBusesDeliverInOneOrder(t *testing.T) {
 // bus did before it delivered its own batches from the NOTIFY stream) and
 // over NOTIFY (PGBus). One event at a time.
 func BenchmarkLocalDelivery(b *testing.B) {
-	url := dbtest.URL(b, models.Postgres)
+	url := dbtest.MigratedURL(b, models.Postgres)
 	for _, tc := range []struct {
 		name string
 		bus  func(testing.TB) events.Bus

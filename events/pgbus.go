@@ -91,7 +91,7 @@ func (b *PGBus) Monitor() *Monitor { return &b.mon }
 // before the first one): operators and tests can find, or end, it.
 func (b *PGBus) ListenerPID() uint32 { return b.listenerPID.Load() }
 
-// Start creates the spill table if needed, starts listening and starts
+// Start checks that the schema has the spill table, starts listening and starts
 // deleting old spilled batches every SpillCleanInterval. It returns once the
 // listener is subscribed (so nothing published afterwards by other nodes is
 // missed) or ctx ends.
@@ -99,7 +99,7 @@ func (b *PGBus) Start(ctx context.Context) error {
 	if err := b.pool.QueryRow(ctx, "SELECT current_schema()").Scan(&b.scope); err != nil {
 		return fmt.Errorf("read the bus scope: %w", err)
 	}
-	if err := b.ensureSpill(ctx); err != nil {
+	if err := b.checkSpill(ctx); err != nil {
 		return err
 	}
 	b.mu.Lock()
@@ -125,36 +125,17 @@ func (b *PGBus) Start(ctx context.Context) error {
 	}
 }
 
-// schemaLockSQL is models.SchemaLockSQL (a test keeps them equal): every
-// schema change joblib makes at start holds it, so that nodes starting
-// together on an empty database never race on DDL (CREATE ... IF NOT EXISTS
-// is not safe concurrently in PostgreSQL).
-const schemaLockSQL = "SELECT pg_advisory_xact_lock(hashtext('joblib:schema'), hashtext(current_schema()))"
-
-// ensureSpill creates the spill table when the schema lacks it (a database
-// migrated by joblib has it already), under the schema lock.
-func (b *PGBus) ensureSpill(ctx context.Context) error {
+// checkSpill fails Start when the schema lacks the spill table: it belongs to
+// the migrations (version 50), which every joblib command runs before it
+// starts a bus, so its absence means the bus was pointed at a schema joblib
+// never migrated.
+func (b *PGBus) checkSpill(ctx context.Context) error {
 	var exists bool
 	if err := b.pool.QueryRow(ctx, "SELECT to_regclass('joblib_event_spill') IS NOT NULL").Scan(&exists); err != nil {
 		return fmt.Errorf("look up event spill table: %w", err)
 	}
-	if exists {
-		return nil
-	}
-	tx, err := b.pool.Begin(ctx)
-	if err != nil {
-		return fmt.Errorf("create event spill table: %w", err)
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit it is a no-op
-	if _, err := tx.Exec(ctx, schemaLockSQL); err != nil {
-		return fmt.Errorf("create event spill table: lock schema: %w", err)
-	}
-	if _, err := tx.Exec(ctx, `CREATE UNLOGGED TABLE IF NOT EXISTS joblib_event_spill (
-		id bigserial PRIMARY KEY, payload text NOT NULL, created_at timestamptz NOT NULL DEFAULT now())`); err != nil {
-		return fmt.Errorf("create event spill table: %w", err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("create event spill table: %w", err)
+	if !exists {
+		return fmt.Errorf("event spill table joblib_event_spill missing in schema %q: run `joblib migrate` first", b.scope)
 	}
 	return nil
 }

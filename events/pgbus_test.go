@@ -54,7 +54,7 @@ func (c *collector) wait(t *testing.T, n int) []events.Emission {
 // through the spill table; a node does not receive its own batches twice.
 func TestPGBusCrossNode(t *testing.T) {
 	t.Parallel()
-	url := dbtest.URL(t, models.Postgres)
+	url := dbtest.MigratedURL(t, models.Postgres)
 	ctx := context.Background()
 	open := func(node string) *events.PGBus {
 		db, err := models.Open(ctx, url, models.OpenOptions{})
@@ -108,12 +108,32 @@ func TestPGBusCrossNode(t *testing.T) {
 	}
 }
 
-// TestPGBusSchemaLockMatchesModels: the bus creates its spill table under
-// the same advisory lock as the migrations, or concurrent starts race.
-func TestPGBusSchemaLockMatchesModels(t *testing.T) {
-	if events.SchemaLockSQL != models.SchemaLockSQL {
-		t.Fatalf("events takes %q, models %q", events.SchemaLockSQL, models.SchemaLockSQL)
+// TestPGBusNeedsMigratedSchema: the spill table belongs to the migrations;
+// a bus started on a schema joblib never migrated says so at Start instead of
+// failing later on the first batch too large for one NOTIFY.
+func TestPGBusNeedsMigratedSchema(t *testing.T) {
+	ctx := t.Context()
+	db, err := models.Open(ctx, dbtest.URL(t, models.Postgres), models.OpenOptions{})
+	if err != nil {
+		t.Fatal(err)
 	}
+	defer db.Close()
+	b := events.NewPGBus(db.Pool, "unmigrated", nil)
+	err = b.Start(ctx)
+	if err == nil {
+		b.Stop()
+		t.Fatal("a bus started on a schema without the spill table")
+	}
+	if !strings.Contains(err.Error(), "joblib migrate") {
+		t.Fatalf("Start failed with %v, want it to name `joblib migrate`", err)
+	}
+	if _, err := db.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(ctx); err != nil {
+		t.Fatalf("after migrate: %v", err)
+	}
+	b.Stop()
 }
 
 // gapCollector records the gaps a bus reports.
@@ -168,7 +188,7 @@ func (c *gapCollector) count() int {
 // once it listens again, and delivery resumes.
 func TestPGBusReportsListenerReconnect(t *testing.T) {
 	t.Parallel()
-	url := dbtest.URL(t, models.Postgres)
+	url := dbtest.MigratedURL(t, models.Postgres)
 	ctx := context.Background()
 	db, err := models.Open(ctx, url, models.OpenOptions{})
 	if err != nil {
@@ -215,7 +235,7 @@ func TestPGBusScopedBySchema(t *testing.T) {
 		t.Cleanup(b.Stop)
 		return b
 	}
-	one, two := dbtest.URL(t, models.Postgres), dbtest.URL(t, models.Postgres)
+	one, two := dbtest.MigratedURL(t, models.Postgres), dbtest.MigratedURL(t, models.Postgres)
 	a, same, other := open(one, "sc-a"), open(one, "sc-same"), open(two, "sc-other")
 	onSame, onOther := newCollector(), newCollector()
 	same.Subscribe(onSame.add)
@@ -239,7 +259,7 @@ func TestPGBusScopedBySchema(t *testing.T) {
 // nothing is spilled any more; younger ones stay for slow listeners.
 func TestPGBusCleansSpillOnTimer(t *testing.T) {
 	t.Parallel()
-	url := dbtest.URL(t, models.Postgres)
+	url := dbtest.MigratedURL(t, models.Postgres)
 	ctx := context.Background()
 	db, err := models.Open(ctx, url, models.OpenOptions{})
 	if err != nil {
@@ -286,7 +306,7 @@ func TestPGBusCleansSpillOnTimer(t *testing.T) {
 func TestPGBusChannelPerSchema(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	one, two := dbtest.URL(t, models.Postgres), dbtest.URL(t, models.Postgres)
+	one, two := dbtest.MigratedURL(t, models.Postgres), dbtest.MigratedURL(t, models.Postgres)
 	open := func(url, node string) (*models.DB, *events.PGBus) {
 		db, err := models.Open(ctx, url, models.OpenOptions{})
 		if err != nil {

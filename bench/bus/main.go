@@ -155,6 +155,13 @@ func measure(ctx context.Context, o options, kind string, perNodeRate int) (resu
 			if err != nil {
 				return result{}, err
 			}
+			if i == 0 {
+				// The bus needs joblib's schema (its spill table).
+				if _, err := db.Migrate(ctx); err != nil {
+					db.Close()
+					return result{}, err
+				}
+			}
 			b := events.NewPGBus(db.Pool, name, nil)
 			if err := b.Start(ctx); err != nil {
 				db.Close()

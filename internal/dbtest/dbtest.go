@@ -107,6 +107,24 @@ func URL(t testing.TB, d models.Dialect) string {
 	return pu.String()
 }
 
+// MigratedURL is URL with joblib's schema already in place: for tests that
+// open their own pools on it (several nodes on one schema, event buses).
+func MigratedURL(t testing.TB, d models.Dialect) string {
+	t.Helper()
+	u := URL(t, d)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	db, err := models.Open(ctx, u, models.OpenOptions{})
+	if err != nil {
+		t.Fatalf("open %s test database: %v", d, err)
+	}
+	defer db.Close()
+	if _, err := db.Migrate(ctx); err != nil {
+		t.Fatalf("migrate %s test database: %v", d, err)
+	}
+	return u
+}
+
 // Node opens another connection pool to the database at url (from URL) with
 // its own PostgreSQL event bus, as a second joblib node on the same schema
 // has; both are closed at the end of the test.

@@ -1,0 +1,8 @@
+-- name: provider result cache budget
+-- down: PostgreSQL: DROP INDEX provider_results_provider_used_idx; ALTER TABLE provider_results
+--  DROP COLUMN size, DROP COLUMN used_at. SQLite: nothing.
+--
+-- Sizes and last use let the cache evict least recently used results past its
+-- byte and entry budgets. SQLite keeps its result cache in memory: nothing to do.
+--
+-- Nothing to do on this dialect; the version is recorded all the same.

@@ -1,0 +1,10 @@
+-- name: socket sessions kept for connection state recovery
+-- down: PostgreSQL: DROP TABLE socket_sessions (clients then recover on the node that held them
+--  only; stop every node first). SQLite: nothing.
+--
+-- The sessions of disconnected Socket.IO clients, kept for the recovery
+-- window so that a client may recover on any node. Unlogged: after a crash
+-- clients simply get fresh sessions. SQLite runs one node, which keeps them in
+-- memory: nothing to do there.
+--
+-- Nothing to do on this dialect; the version is recorded all the same.

@@ -1,0 +1,12 @@
+-- name: task count deltas per statement
+-- down: PostgreSQL: DROP the three tasks_count_* statement triggers and FUNCTION
+--  task_counts_track_statement, then run the function and the row triggers of 0011 again. SQLite:
+--  nothing.
+--
+-- The row triggers of version 11 ran a function and inserted two delta rows
+-- per changed task: a sweep that fails 50,000 tasks ran 50,000 trigger calls
+-- and wrote 100,000 rows. Statement triggers read the statement's transition
+-- tables and write one delta row per status it changed. PostgreSQL only:
+-- SQLite has no statement triggers and keeps its row triggers.
+--
+-- Nothing to do on this dialect; the version is recorded all the same.
