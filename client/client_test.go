@@ -58,7 +58,7 @@ func serveNode(t *testing.T, db *models.DB, bus events.Bus, grace time.Duration,
 	rc.DisconnectGrace = grace
 	rt := api.NewRealtime(rc, nil)
 	api.Handle("/socket.io/", rt)
-	rt.Start()
+	_ = rt.Start(context.Background())
 	srv := httptest.NewUnstartedServer(api.Handler())
 	srv.Listener.Close()
 	srv.Listener = ln

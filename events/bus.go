@@ -23,6 +23,21 @@ type Bus interface {
 	Subscribe(fn func(Emission)) (unsubscribe func())
 }
 
+// OneOrder is implemented by a Bus that delivers every node's emissions in
+// the same order on every node (PostgreSQL's NOTIFY queue), so that an
+// offset names the same event on any node and a client may recover its
+// session on another node.
+type OneOrder interface {
+	Bus
+	OneOrder() bool
+}
+
+// DeliversInOneOrder reports whether b delivers in one order on every node.
+func DeliversInOneOrder(b Bus) bool {
+	o, ok := b.(OneOrder)
+	return ok && o.OneOrder()
+}
+
 // TxBus is a Bus whose delivery to other nodes rides inside the mutation's
 // own database transaction: the mutation sends Notification's payload with
 // pg_notify(Channel(), payload) before it commits, so PostgreSQL delivers it

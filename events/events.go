@@ -97,11 +97,6 @@ func (ProviderResultReady) EventName() string { return "provider_result_ready" }
 func (TaskCancelled) EventName() string       { return "task_cancelled" }
 func (TaskProgressEvent) EventName() string   { return "task_progress_event" }
 
-// Terminal reports whether a task status is final.
-func Terminal(status string) bool {
-	return status == "completed" || status == "failed" || status == "cancelled"
-}
-
 // Time is a timestamp on the wire: RFC 3339 in UTC with microseconds and a Z,
 // or null for the zero value.
 type Time struct{ time.Time }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/zndraw/joblib/internal/startstop"
 )
 
 // DefaultSubject is the NATS subject joblib nodes share by default.
@@ -36,11 +37,10 @@ type NATSBus struct {
 	pubMu sync.Mutex // numbers and sends in one order
 	seq   uint64
 
-	mu     sync.Mutex
-	nc     *nats.Conn
-	sub    *nats.Subscription
-	cancel context.CancelFunc
-	done   chan struct{}
+	life startstop.Base // the gap expiry
+	mu   sync.Mutex
+	nc   *nats.Conn
+	sub  *nats.Subscription
 }
 
 // NewNATSBus builds a bus on the NATS server at url (nats://host:port),
@@ -105,30 +105,29 @@ func (b *NATSBus) Start(ctx context.Context) error {
 		nc.Close()
 		return fmt.Errorf("subscribe to event bus %s: %w", b.subject, err)
 	}
-	lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	done := make(chan struct{})
+	lctx, ok := b.life.StartInit(ctx)
+	if !ok {
+		nc.Close()
+		return nil // running already
+	}
 	b.mu.Lock()
-	b.nc, b.sub, b.cancel, b.done = nc, sub, cancel, done
+	b.nc, b.sub = nc, sub
 	b.mu.Unlock()
-	go func() {
-		defer close(done)
-		expireLoop(lctx, b.track, &b.mon, b.log)
-	}()
+	b.life.Go(func() { expireLoop(lctx, b.track, &b.mon, b.log) })
 	return nil
 }
 
-// Stop drains the subscription and closes the connection.
+// Stop ends the gap expiry and closes the connection (the startstop
+// contract).
 func (b *NATSBus) Stop() {
+	b.life.Stop()
 	b.mu.Lock()
-	nc, cancel, done := b.nc, b.cancel, b.done
-	b.nc, b.cancel = nil, nil
+	nc := b.nc
+	b.nc = nil
 	b.mu.Unlock()
-	if nc == nil {
-		return
+	if nc != nil {
+		nc.Close()
 	}
-	cancel()
-	<-done
-	nc.Close()
 }
 
 // Publish implements Bus: one message on the subject, which every node

@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/zndraw/joblib/internal/startstop"
 )
 
 // PGBus is the multi-node Bus: emissions are sent with PostgreSQL NOTIFY on
@@ -49,11 +50,9 @@ type PGBus struct {
 	// listenerPID is the backend of the LISTEN connection (tests).
 	listenerPID atomic.Uint32
 
-	mu      sync.Mutex
-	cancel  context.CancelFunc
-	done    chan struct{}
-	cleaned chan struct{}
-	ready   chan struct{}
+	life  startstop.Base // the listener, the spill cleaner, the gap expiry
+	mu    sync.Mutex
+	ready chan struct{}
 	// channel is Channel, qualified by the schema (set by Start).
 	channel string
 }
@@ -84,6 +83,9 @@ func NewPGBus(pool *pgxpool.Pool, node string, log *slog.Logger) *PGBus {
 	return &PGBus{LocalBus: NewLocalBus(), pool: pool, node: node, log: log, ready: make(chan struct{}), channel: Channel, track: newSeqTracker(ReorderWindow)}
 }
 
+// OneOrder implements OneOrder: every node reads one NOTIFY queue.
+func (b *PGBus) OneOrder() bool { return true }
+
 // Monitor implements Monitored.
 func (b *PGBus) Monitor() *Monitor { return &b.mon }
 
@@ -108,19 +110,18 @@ func (b *PGBus) Start(ctx context.Context) error {
 		b.channel = Channel + "_" + b.scope
 	}
 	b.mu.Unlock()
-	lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	b.mu.Lock()
-	b.cancel = cancel
-	b.done = make(chan struct{})
-	b.cleaned = make(chan struct{})
-	b.mu.Unlock()
-	go b.listen(lctx)
-	go b.cleanSpill(lctx)
-	go expireLoop(lctx, b.track, &b.mon, b.log)
+	lctx, ok := b.life.StartInit(ctx)
+	if !ok {
+		return nil // running already
+	}
+	b.life.Go(func() { b.listen(lctx) })
+	b.life.Go(func() { b.cleanSpill(lctx) })
+	b.life.Go(func() { expireLoop(lctx, b.track, &b.mon, b.log) })
 	select {
 	case <-b.ready:
 		return nil
 	case <-ctx.Done():
+		b.life.Stop()
 		return ctx.Err()
 	}
 }
@@ -140,18 +141,9 @@ func (b *PGBus) checkSpill(ctx context.Context) error {
 	return nil
 }
 
-// Stop ends the listener and the spill cleaner and waits for them.
-func (b *PGBus) Stop() {
-	b.mu.Lock()
-	cancel, done, cleaned := b.cancel, b.done, b.cleaned
-	b.mu.Unlock()
-	if cancel == nil {
-		return
-	}
-	cancel()
-	<-done
-	<-cleaned
-}
+// Stop ends the listener, the spill cleaner and the gap expiry, and waits
+// for them (the startstop contract).
+func (b *PGBus) Stop() { b.life.Stop() }
 
 // Publish implements Bus for emissions that no transaction produced: one
 // NOTIFY of its own, which every node (this one included) delivers.
@@ -231,7 +223,6 @@ const MaxNotifyBytes = maxNotify
 // spilled meanwhile, until ctx ends. Every node does it; the statement is
 // cheap and idempotent.
 func (b *PGBus) cleanSpill(ctx context.Context) {
-	defer close(b.cleaned)
 	keep := cmp.Or(b.SpillRetention, DefaultSpillRetention)
 	t := time.NewTicker(cmp.Or(b.SpillCleanInterval, DefaultSpillCleanInterval))
 	defer t.Stop()
@@ -253,7 +244,6 @@ func (b *PGBus) cleanSpill(ctx context.Context) {
 // listen holds one pooled connection with LISTEN and delivers what other
 // nodes publish; it reconnects with jittered backoff.
 func (b *PGBus) listen(ctx context.Context) {
-	defer close(b.done)
 	backoff := time.Second
 	var once sync.Once
 	first := true

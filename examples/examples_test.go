@@ -68,7 +68,7 @@ func startServer(t *testing.T, d models.Dialect, withSweeper bool) serverEnv {
 	rcfg.DisconnectGrace = 500 * time.Millisecond
 	rt := api.NewRealtime(rcfg, nil)
 	api.Handle("/socket.io/", rt)
-	rt.Start()
+	_ = rt.Start(context.Background())
 	srv := httptest.NewServer(api.Handler())
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

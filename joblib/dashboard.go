@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/zndraw/joblib/events"
+	"github.com/zndraw/joblib/internal/taskstatus"
 	"github.com/zndraw/joblib/models"
 )
 
@@ -385,7 +386,7 @@ func (s *Service) CancelTask(ctx context.Context, id uuid.UUID, actor string) (T
 		if err != nil {
 			return notFound(err, errf(CodeTaskNotFound, "Task '%s' not found", id))
 		}
-		if !allowed(t.Status, models.StatusCancelled) {
+		if !taskstatus.Allowed(t.Status, models.StatusCancelled) {
 			return errf(CodeInvalidTaskTransition, "Cannot cancel a task in status '%s'", t.Status)
 		}
 		msg := ErrCancelledByOperator

@@ -46,6 +46,77 @@ type RegisterJobParams struct {
 	// OnTimeout is what a stuck task becomes: "fail" or "requeue" (while
 	// MaxAttempts allows); empty keeps a live job's (new jobs: "fail").
 	OnTimeout string
+	// Retry, when not nil, makes a worker's failed report put the task
+	// back to pending after a backoff (see RetryPolicy); nil keeps a live
+	// job's (new jobs: a failed report is final).
+	Retry *RetryPolicy
+}
+
+// RetryPolicy is a job's retry: a worker's failed report of attempt n puts
+// the task back to pending, claimable from now + min(MaxBackoff, Backoff ×
+// 2^(n-1)) seconds (plus up to 10 % jitter) on the database clock, while n
+// < MaxAttempts. MaxAttempts is the job's max_attempts, which worker losses
+// and timeouts requeued by on_worker_loss / on_timeout count against too.
+type RetryPolicy struct {
+	MaxAttempts int      `json:"max_attempts"`
+	Backoff     float64  `json:"backoff"`
+	MaxBackoff  *float64 `json:"max_backoff"`
+}
+
+// Retry defaults and bounds.
+const (
+	// DefaultRetryMaxBackoff is max_backoff when a policy names none (1h).
+	DefaultRetryMaxBackoff = 3600.0
+	// maxRetrySeconds bounds backoff and max_backoff (a day).
+	maxRetrySeconds = 86400.0
+)
+
+// checkRetry validates a retry policy and returns it complete.
+func checkRetry(r *RetryPolicy, maxAttempts int) (*RetryPolicy, error) {
+	if r == nil {
+		return nil, nil
+	}
+	out := *r
+	if out.MaxAttempts == 0 {
+		out.MaxAttempts = cmp.Or(maxAttempts, DefaultRequeueAttempts)
+	}
+	if out.MaxAttempts < 1 || out.MaxAttempts > MaxAttemptsLimit {
+		return nil, errf(CodeValidation, "retry.max_attempts must be between 1 and %d", MaxAttemptsLimit)
+	}
+	if maxAttempts != 0 && maxAttempts != out.MaxAttempts {
+		return nil, errf(CodeValidation, "max_attempts (%d) and retry.max_attempts (%d) differ; they are one limit, give one", maxAttempts, out.MaxAttempts)
+	}
+	if !(out.Backoff >= 0 && out.Backoff <= maxRetrySeconds) {
+		return nil, errf(CodeValidation, "retry.backoff must be between 0 and %.0f seconds", maxRetrySeconds)
+	}
+	mb := max(DefaultRetryMaxBackoff, out.Backoff)
+	if out.MaxBackoff != nil {
+		mb = *out.MaxBackoff
+	}
+	if !(mb >= out.Backoff && mb <= maxRetrySeconds) {
+		return nil, errf(CodeValidation, "retry.max_backoff must be between retry.backoff and %.0f seconds", maxRetrySeconds)
+	}
+	out.MaxBackoff = &mb
+	return &out, nil
+}
+
+// retryView is a job's retry policy as the API shows it (nil: none).
+func retryView(j models.Job) *RetryPolicy {
+	if j.RetryBackoff == nil {
+		return nil
+	}
+	r := &RetryPolicy{MaxAttempts: j.MaxAttempts, Backoff: *j.RetryBackoff, MaxBackoff: j.RetryMaxBackoff}
+	return r
+}
+
+// retryChanges reports whether a registration's retry policy differs from
+// the job's.
+func retryChanges(j models.Job, r *RetryPolicy) bool {
+	if r == nil {
+		return false
+	}
+	cur := retryView(j)
+	return cur == nil || cur.MaxAttempts != r.MaxAttempts || cur.Backoff != r.Backoff || *cur.MaxBackoff != *r.MaxBackoff
 }
 
 // Timeout policies of a job: what the sweeper does with a task past its
@@ -123,6 +194,13 @@ func (s *Service) RegisterJob(ctx context.Context, p Principal, room string, r R
 	if !st.AllowedCategories.Contains(r.Category) {
 		return Job{}, false, errf(CodeInvalidCategory, "Category '%s' not in allowed list: %s", r.Category, st.AllowedCategories.pyList())
 	}
+	retry, err := checkRetry(r.Retry, r.MaxAttempts)
+	if err != nil {
+		return Job{}, false, err
+	}
+	if retry != nil {
+		r.MaxAttempts = retry.MaxAttempts
+	}
 	policy, attempts, err := jobPolicy(r.OnWorkerLoss, r.MaxAttempts)
 	if err != nil {
 		return Job{}, false, err
@@ -151,6 +229,9 @@ func (s *Service) RegisterJob(ctx context.Context, p Principal, room string, r R
 		row := models.Job{ID: uuid.New(), RoomID: room, Category: r.Category, Name: r.Name, Schema: schema,
 			OnWorkerLoss: policy, MaxAttempts: attempts, CreatedByID: &creator,
 			TaskTimeout: r.TaskTimeout, HeartbeatTimeout: r.HeartbeatTimeout, OnTimeout: cmp.Or(r.OnTimeout, OnTimeoutFail)}
+		if retry != nil {
+			row.RetryBackoff, row.RetryMaxBackoff = &retry.Backoff, retry.MaxBackoff
+		}
 		inserted, err := q.InsertJobIfAbsent(row)
 		if err != nil {
 			return err
@@ -171,6 +252,7 @@ func (s *Service) RegisterJob(ctx context.Context, p Principal, room string, r R
 			}
 			j.Schema, j.Deleted, j.OnWorkerLoss, j.MaxAttempts, j.CreatedByID = schema, false, policy, attempts, &creator
 			j.TaskTimeout, j.HeartbeatTimeout, j.OnTimeout = row.TaskTimeout, row.HeartbeatTimeout, row.OnTimeout
+			j.RetryBackoff, j.RetryMaxBackoff = row.RetryBackoff, row.RetryMaxBackoff
 		default:
 			same, err := sameJSON(j.Schema, schema)
 			if err != nil {
@@ -197,6 +279,22 @@ func (s *Service) RegisterJob(ctx context.Context, p Principal, room string, r R
 					return err
 				}
 				j.OnWorkerLoss, j.MaxAttempts = policy, attempts
+			}
+			if retryChanges(j, retry) {
+				// The retry policy is the creator's too; it sets max_attempts.
+				if !mayChangePolicies(p, j) {
+					return errf(CodePolicyConflict, "Retry policy mismatch for job '%s': set by the job's creator", j.FullName())
+				}
+				if err := q.SetJobRetry(j.ID, &retry.Backoff, retry.MaxBackoff, retry.MaxAttempts); err != nil {
+					return err
+				}
+				if err := audit(q, AuditJobPolicy, &j.ID, "user:"+p.Name, map[string]any{
+					"job": j.FullName(), "user_id": p.ID, "superuser": p.Superuser,
+					"from": map[string]any{"retry": retryView(j)}, "to": map[string]any{"retry": retry},
+				}); err != nil {
+					return err
+				}
+				j.RetryBackoff, j.RetryMaxBackoff, j.MaxAttempts = &retry.Backoff, retry.MaxBackoff, retry.MaxAttempts
 			}
 			before := j
 			if timeoutsChange(&j, r) {

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/zndraw/joblib/events"
-	"github.com/zndraw/joblib/models"
 )
 
 // The outbox relay (PostgreSQL with a TxBus): mutations write the events
@@ -39,7 +38,7 @@ type relay struct {
 
 func newRelay(s *Service) *relay {
 	tb, ok := s.bus.(events.TxBus)
-	if !ok || s.db == nil || s.db.Dialect() != models.Postgres {
+	if !ok || s.db == nil || !s.db.Caps().Outbox {
 		return nil
 	}
 	return &relay{s: s, tb: tb, wake: make(chan struct{}, 1), interval: relayInterval}

@@ -44,7 +44,7 @@ type PGResultCache struct {
 // NewPGResultCache builds a cache over a PostgreSQL DB. Start it before use:
 // without the listener, waits only end by timeout.
 func NewPGResultCache(db *models.DB, cfg PGResultCacheConfig) (*PGResultCache, error) {
-	if db.Dialect() != models.Postgres || db.Pool == nil {
+	if !db.Caps().SharedResultCache {
 		return nil, errors.New("the PostgreSQL result cache needs a PostgreSQL database")
 	}
 	if cfg.Logger == nil {

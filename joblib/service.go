@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/zndraw/joblib/events"
+	"github.com/zndraw/joblib/internal/startstop"
 	"github.com/zndraw/joblib/models"
 )
 
@@ -44,6 +45,8 @@ type Service struct {
 	touched sync.Map
 
 	trends *Trends // the dashboard's last hour; claims are recorded here
+
+	sched *scheduler // kicks the leader's timer of delayed tasks
 }
 
 // Config is what a Service is built from.
@@ -104,7 +107,11 @@ func New(cfg Config) *Service {
 		}
 		s.node = n
 	}
-	s.unsubbus = s.bus.Subscribe(s.watch.observe)
+	s.sched = newScheduler()
+	s.unsubbus = s.bus.Subscribe(func(e events.Emission) {
+		s.watch.observe(e)
+		s.sched.observe(e)
+	})
 	if m, ok := s.bus.(events.Monitored); ok {
 		// Changes of other nodes may have been missed: every task
 		// long-poll re-reads its row.
@@ -137,6 +144,10 @@ func (s *Service) Stop() {
 	s.cache.Stop()
 }
 
+// Service follows the one start/stop contract. Drain is a step of its own,
+// before Stop: the HTTP drain runs it so that long-polls answer at once.
+var _ startstop.Service = (*Service)(nil)
+
 // Close stops the service and detaches it from its bus.
 func (s *Service) Close() {
 	s.Stop()
@@ -153,7 +164,7 @@ func (s *Service) ResultCache() ResultCache { return s.cache }
 // DefaultResultCache picks the cache for a database: PostgreSQL's (shared by
 // every node) or, for SQLite and a nil db, one in this process's memory.
 func DefaultResultCache(db *models.DB, log *slog.Logger, budget ResultCacheBudget) ResultCache {
-	if db != nil && db.Dialect() == models.Postgres {
+	if db != nil && db.Caps().SharedResultCache {
 		c, err := NewPGResultCache(db, PGResultCacheConfig{Logger: log.With("component", "resultcache"), Budget: budget})
 		if err == nil {
 			return c
@@ -221,7 +232,7 @@ func (s *Service) mutate(ctx context.Context, fn func(q *models.Q, em *events.Se
 
 // txBus is the bus when it publishes inside PostgreSQL transactions.
 func (s *Service) txBus() events.TxBus {
-	if tb, ok := s.bus.(events.TxBus); ok && s.db.Dialect() == models.Postgres && !s.Settings().NotifyAfterCommit {
+	if tb, ok := s.bus.(events.TxBus); ok && s.db.Caps().Outbox && !s.Settings().NotifyAfterCommit {
 		return tb
 	}
 	return nil

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"strconv"
 	"strings"
+	"time"
 	"unicode"
 	"unicode/utf8"
 
@@ -28,7 +29,10 @@ type Submission struct {
 	// Timeouts, when not nil, holds each task's own task_timeout in
 	// seconds (nil entries: the job's), one per payload.
 	Timeouts []*int
-	Batch    bool
+	// Scheds, when not nil, holds each task's priority and the time it
+	// may run from, one per payload.
+	Scheds []models.TaskSched
+	Batch  bool
 	// IdempotencyKey, when not empty, makes a repeat of this request by
 	// the same user within Settings.IdempotencyWindow answer what the
 	// first one got, creating nothing.
@@ -82,11 +86,14 @@ func (s *Service) Submit(ctx context.Context, p Principal, sub Submission) (Subm
 	if sub.Timeouts == nil {
 		sub.Timeouts = make([]*int, len(sub.Payloads))
 	}
-	if len(sub.Timeouts) != len(sub.Payloads) {
-		return Submitted{}, errf(CodeValidation, "one timeout per task")
+	if sub.Scheds == nil {
+		sub.Scheds = make([]models.TaskSched, len(sub.Payloads))
+	}
+	if len(sub.Timeouts) != len(sub.Payloads) || len(sub.Scheds) != len(sub.Payloads) {
+		return Submitted{}, errf(CodeValidation, "one timeout and one schedule per task")
 	}
 	if sub.IdempotencyKey == "" && !sub.Batch {
-		t, err := s.SubmitTaskWith(ctx, p, sub.Room, sub.FullName, sub.Payloads[0], SubmitOptions{Timeout: sub.Timeouts[0]})
+		t, err := s.SubmitTaskWith(ctx, p, sub.Room, sub.FullName, sub.Payloads[0], SubmitOptions{Timeout: sub.Timeouts[0], Sched: sub.Scheds[0]})
 		if err != nil {
 			return Submitted{}, err
 		}
@@ -111,6 +118,13 @@ func (s *Service) Submit(ctx context.Context, p Principal, sub Submission) (Subm
 			field = "tasks[" + strconv.Itoa(i) + "].timeout"
 		}
 		if err := checkTimeout(field, to); err != nil {
+			return Submitted{}, err
+		}
+		prefix := ""
+		if sub.Batch {
+			prefix = "tasks[" + strconv.Itoa(i) + "]."
+		}
+		if err := checkSched(prefix, sub.Scheds[i]); err != nil {
 			return Submitted{}, err
 		}
 	}
@@ -174,7 +188,7 @@ func (s *Service) submitTx(ctx context.Context, p Principal, sub Submission, bod
 				return nil
 			}
 		}
-		tasks, err := s.insertSubmission(q, em, p, sub.Room, sub.FullName, bodies, sub.Timeouts, &state)
+		tasks, err := s.insertSubmission(q, em, p, sub.Room, sub.FullName, bodies, sub.Timeouts, sub.Scheds, &state)
 		if err != nil {
 			return err
 		}
@@ -241,7 +255,27 @@ func submissionHash(sub Submission, bodies []string) (string, error) {
 			return "", errf(CodeValidation, "payload: %v", err)
 		}
 	}
-	h, err := canonical.RequestHashOf(map[string]any{"room": sub.Room, "job": sub.FullName, "batch": sub.Batch, "payloads": ps, "timeouts": ts})
+	req := map[string]any{"room": sub.Room, "job": sub.FullName, "batch": sub.Batch, "payloads": ps, "timeouts": ts}
+	for _, sc := range sub.Scheds {
+		if sc != (models.TaskSched{}) {
+			// Only when set: the hash of a request without them is the
+			// one keys stored before these fields existed.
+			scheds := make([]any, len(sub.Scheds))
+			for i, sc := range sub.Scheds {
+				m := map[string]any{"priority": sc.Priority}
+				if sc.RunAt != nil {
+					m["run_at"] = sc.RunAt.UTC().Format(time.RFC3339Nano)
+				}
+				if sc.Delay != nil {
+					m["delay"] = *sc.Delay
+				}
+				scheds[i] = m
+			}
+			req["scheds"] = scheds
+			break
+		}
+	}
+	h, err := canonical.RequestHashOf(req)
 	if err != nil {
 		return "", errf(CodeValidation, "payload: %v", err)
 	}

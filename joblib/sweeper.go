@@ -165,15 +165,57 @@ func (sw *Sweeper) loop(ctx context.Context) {
 	}
 	timer := time.NewTimer(first)
 	defer timer.Stop()
+	// due fires at the earliest delayed task's run_at (while leading).
+	due := time.NewTimer(time.Hour)
+	due.Stop()
+	defer due.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-timer.C:
+			sw.tick(ctx)
+			timer.Reset(sw.probe())
+		case <-due.C:
+		case <-sw.svc.sched.kicks:
 		}
-		sw.tick(ctx)
-		timer.Reset(sw.probe())
+		sw.schedule(ctx, due)
 	}
+}
+
+// schedule makes the due delayed tasks claimable and arms due at the next
+// one's run_at, while this node leads (one read of the first entry of the
+// delayed tasks' index; nothing while following).
+func (sw *Sweeper) schedule(ctx context.Context, due *time.Timer) {
+	due.Stop()
+	if !sw.isLed.Load() {
+		return
+	}
+	for range 2 {
+		wait, ok, err := sw.svc.NextRunAt(ctx)
+		if err != nil {
+			if ctx.Err() == nil {
+				sw.log.Error("read the next delayed task", "err", err)
+				due.Reset(sw.probe())
+			}
+			return
+		}
+		if !ok {
+			return
+		}
+		if wait > 0 {
+			due.Reset(wait + time.Millisecond)
+			return
+		}
+		if _, err := sw.svc.PromoteDueTasks(ctx, sw.fence); err != nil {
+			if ctx.Err() == nil {
+				sw.log.Error("promote due delayed tasks", "err", err)
+				due.Reset(sw.probe())
+			}
+			return
+		}
+	}
+	due.Reset(time.Millisecond) // more were due than one promotion took
 }
 
 // probe is the time between two ticks: the sweep interval, at most 1s and

@@ -6,7 +6,7 @@ import (
 	"fmt"
 
 	"github.com/google/uuid"
-	"github.com/zndraw/joblib/events"
+	"github.com/zndraw/joblib/internal/taskstatus"
 	"github.com/zndraw/joblib/models"
 )
 
@@ -20,6 +20,9 @@ type TaskUpdate struct {
 	Status string
 	Error  *string
 	Result json.RawMessage
+	// NoRetry makes a failed report final even when the job retries
+	// ("retry": false).
+	NoRetry bool
 }
 
 // TaskUpdateResult is the outcome of one report of a batch: the task as it
@@ -60,7 +63,7 @@ func (s *Service) UpdateTasks(ctx context.Context, p Principal, ups []TaskUpdate
 			continue
 		}
 		stored[i] = st
-		if events.Terminal(u.Status) {
+		if taskstatus.Terminal(u.Status) {
 			s.progress.flush(u.TaskID) // its last progress goes before its end
 		}
 		if s.hotEligible(u.Status, u.Error) {
@@ -85,7 +88,7 @@ func (s *Service) UpdateTasks(ctx context.Context, p Principal, ups []TaskUpdate
 			out[i].Task = &t
 			continue
 		}
-		t, err := s.updateTask(ctx, p, u.TaskID, u.Status, u.Error, stored[i])
+		t, err := s.updateTask(ctx, p, u.TaskID, u.Status, u.Error, stored[i], u.NoRetry)
 		if err != nil {
 			if _, ok := AsError(err); !ok {
 				// Not a refusal but a failure (the database, the request's

@@ -11,35 +11,13 @@ import (
 	"github.com/google/uuid"
 	"github.com/zndraw/joblib/events"
 	"github.com/zndraw/joblib/internal/limits"
+	"github.com/zndraw/joblib/internal/taskstatus"
 	"github.com/zndraw/joblib/models"
 )
 
-// transitions is the task state machine (contract §3.1); anything else,
-// including a transition to the same state, is refused with 409.
-var transitions = map[string][]string{
-	models.StatusPending: {models.StatusClaimed, models.StatusCancelled},
-	models.StatusClaimed: {models.StatusRunning, models.StatusFailed, models.StatusCancelled},
-	models.StatusRunning: {models.StatusCompleted, models.StatusFailed, models.StatusCancelled},
-}
-
-// ValidStatus reports whether s is one of the six task statuses.
-func ValidStatus(s string) bool {
-	switch s {
-	case models.StatusPending, models.StatusClaimed, models.StatusRunning,
-		models.StatusCompleted, models.StatusFailed, models.StatusCancelled:
-		return true
-	}
-	return false
-}
-
-func allowed(from, to string) bool {
-	for _, t := range transitions[from] {
-		if t == to {
-			return true
-		}
-	}
-	return false
-}
+// ValidStatus reports whether s is one of the six task statuses
+// (taskstatus.Valid).
+func ValidStatus(s string) bool { return taskstatus.Valid(s) }
 
 // SubmitTask creates a task for a job, addressed by full name, in a target
 // room. Any room may submit to any job.
@@ -51,7 +29,40 @@ func (s *Service) SubmitTask(ctx context.Context, p Principal, room, fullName st
 type SubmitOptions struct {
 	// Timeout is the task's own task_timeout in seconds (nil: the job's).
 	Timeout *int
+	// Sched is the task's priority and the time it may run from.
+	Sched models.TaskSched
 }
+
+// Priority bounds of a submission.
+const (
+	MinPriority = -100
+	MaxPriority = 100
+)
+
+// maxDelay bounds a submission's delay, and how far ahead its run_at may
+// be (a year).
+const maxDelay = 365 * 24 * time.Hour
+
+// checkSched validates a submission's priority, run_at and delay (field
+// prefixes the names in the error).
+func checkSched(field string, s models.TaskSched) error {
+	if s.Priority < MinPriority || s.Priority > MaxPriority {
+		return errf(CodeValidation, "%spriority must be an integer from %d to %d, got %d", field, MinPriority, MaxPriority, s.Priority)
+	}
+	if s.RunAt != nil && s.Delay != nil {
+		return errf(CodeValidation, "%srun_at and %sdelay are exclusive; give one", field, field)
+	}
+	if s.Delay != nil && !(*s.Delay >= 0 && *s.Delay <= maxDelay.Seconds()) {
+		return errf(CodeValidation, "%sdelay must be from 0 to %.0f seconds", field, maxDelay.Seconds())
+	}
+	if s.RunAt != nil && (s.RunAt.Year() < 1970 || time.Until(*s.RunAt) > maxDelay) {
+		return errf(CodeValidation, "%srun_at must be a time from 1970 to one year ahead", field)
+	}
+	return nil
+}
+
+// waits reports whether a submission may leave its task delayed.
+func waits(s models.TaskSched) bool { return s.RunAt != nil || s.Delay != nil && *s.Delay > 0 }
 
 // SubmitTaskWith is SubmitTask with options.
 func (s *Service) SubmitTaskWith(ctx context.Context, p Principal, room, fullName string, payload json.RawMessage, o SubmitOptions) (Task, error) {
@@ -59,6 +70,9 @@ func (s *Service) SubmitTaskWith(ctx context.Context, p Principal, room, fullNam
 		return Task{}, err
 	}
 	if err := checkTimeout("timeout", o.Timeout); err != nil {
+		return Task{}, err
+	}
+	if err := checkSched("", o.Sched); err != nil {
 		return Task{}, err
 	}
 	body, err := canonicalObject(payload)
@@ -76,14 +90,17 @@ func (s *Service) SubmitTaskWith(ctx context.Context, p Principal, room, fullNam
 			return Task{}, err
 		}
 	}
-	if t, ok, err := s.submitHot(ctx, p, room, fullName, body, o.Timeout); err != nil || ok {
-		return t, err
+	if o.Sched == (models.TaskSched{}) {
+		// The one-statement path adds priority 0 tasks claimable at once.
+		if t, ok, err := s.submitHot(ctx, p, room, fullName, body, o.Timeout); err != nil || ok {
+			return t, err
+		}
 	}
 	var sub submitState
 	var tasks []Task
 	err = s.mutate(ctx, func(q *models.Q, em *events.Set) error {
 		var err error
-		tasks, err = s.insertSubmission(q, em, p, room, fullName, []string{body}, []*int{o.Timeout}, &sub)
+		tasks, err = s.insertSubmission(q, em, p, room, fullName, []string{body}, []*int{o.Timeout}, []models.TaskSched{o.Sched}, &sub)
 		return err
 	})
 	return s.afterSubmission(ctx, p, tasks, &sub, err)
@@ -94,13 +111,14 @@ func (s *Service) SubmitTaskWith(ctx context.Context, p Principal, room, fullNam
 type submitState struct {
 	internal InternalJob
 	reserved bool // an executor slot is held for this task
+	delayed  bool // a task waits for its run_at: the scheduler re-arms
 }
 
 // insertSubmission creates the tasks of one submission (one per body) in
 // q's transaction, with their events in em: the pending-task quota counts
 // them all, so a batch is refused whole. An @internal job takes one task
 // per submission (its executor slot is reserved in st).
-func (s *Service) insertSubmission(q *models.Q, em *events.Set, p Principal, room, fullName string, bodies []string, timeouts []*int, st *submitState) ([]Task, error) {
+func (s *Service) insertSubmission(q *models.Q, em *events.Set, p Principal, room, fullName string, bodies []string, timeouts []*int, scheds []models.TaskSched, st *submitState) ([]Task, error) {
 	// Key-share: the orphan rule cannot soft-delete the job under the
 	// pending tasks we are adding.
 	j, err := resolveJobLocked(q, fullName, models.KeyShare)
@@ -116,7 +134,7 @@ func (s *Service) insertSubmission(q *models.Q, em *events.Set, p Principal, roo
 		if len(bodies) == 1 {
 			// One row: its queue position is one count over the index, cheaper
 			// than ranking the job's queue as a batch's read-back does.
-			t, err := q.InsertTaskTimeout(uuid.New(), j.ID, room, &creator, bodies[0], models.StatusPending, timeouts[0])
+			t, err := q.InsertTaskSched(uuid.New(), j.ID, room, &creator, bodies[0], models.StatusPending, timeouts[0], scheds[0])
 			if err != nil {
 				return nil, err
 			}
@@ -126,7 +144,7 @@ func (s *Service) insertSubmission(q *models.Q, em *events.Set, p Principal, roo
 			for i := range ids {
 				ids[i] = uuid.New()
 			}
-			if ts, err = q.InsertTasks(ids, j.ID, room, &creator, bodies, timeouts, models.StatusPending); err != nil {
+			if ts, err = q.InsertTasks(ids, j.ID, room, &creator, bodies, timeouts, scheds, models.StatusPending); err != nil {
 				return nil, err
 			}
 		}
@@ -134,12 +152,20 @@ func (s *Service) insertSubmission(q *models.Q, em *events.Set, p Principal, roo
 		for i, t := range ts {
 			tasks[i] = taskView(t)
 			em.Add(events.Room(room), statusEvent(tasks[i]))
+			if t.Delayed {
+				// Its task_available goes out when it is due (PromoteDueTasks).
+				st.delayed = true
+				continue
+			}
 			em.Add(events.JobRoom(j.FullName()), events.TaskAvailable{JobName: j.FullName(), RoomID: room, TaskID: tasks[i].ID.String()})
 		}
 		return tasks, nil
 	}
 	if len(bodies) != 1 {
 		return nil, errf(CodeValidation, "a batch cannot submit to the @internal job '%s'; submit its tasks one by one", j.FullName())
+	}
+	if scheds[0] != (models.TaskSched{}) {
+		return nil, errf(CodeValidation, "an @internal job's task runs at once: priority, run_at and delay are not accepted for '%s'", j.FullName())
 	}
 	body := bodies[0]
 	var ok bool
@@ -188,6 +214,9 @@ func (s *Service) afterSubmission(ctx context.Context, p Principal, tasks []Task
 		}
 		return Task{}, err
 	}
+	if st.delayed {
+		s.sched.kick()
+	}
 	if st.reserved {
 		s.runner.submit(ctx, internalItem{job: st.internal, task: tasks[0], user: p.ID})
 	}
@@ -200,7 +229,7 @@ func (s *Service) afterSubmission(ctx context.Context, p Principal, tasks []Task
 // apply (the general path then answers: not found, internal jobs, quota
 // exceeded).
 func (s *Service) submitHot(ctx context.Context, p Principal, room, fullName, body string, timeout *int) (Task, bool, error) {
-	if s.db.Dialect() != models.Postgres {
+	if !s.db.Caps().HotPath {
 		return Task{}, false, nil
 	}
 	quota := s.Settings().quotaFor(models.UsagePendingTasks)
@@ -262,7 +291,7 @@ func (s *Service) ClaimTasks(ctx context.Context, p Principal, workerID uuid.UUI
 	if limit < 1 || limit > MaxClaimBatch {
 		return nil, errf(CodeValidation, "limit must be between 1 and %d", MaxClaimBatch)
 	}
-	if s.db.Dialect() == models.Postgres {
+	if s.db.Caps().HotPath {
 		owned, hts, err := s.db.ClaimTasksHot(ctx, workerID, p.ID, limit, start, s.hotNotify())
 		if err != nil {
 			return nil, err
@@ -365,11 +394,18 @@ func (s *Service) UpdateTask(ctx context.Context, p Principal, id uuid.UUID, sta
 // any other status is ignored, as the Python server ignores fields it does
 // not know; JSON null counts as no result.
 func (s *Service) UpdateTaskResult(ctx context.Context, p Principal, id uuid.UUID, status string, errMsg *string, result json.RawMessage) (Task, error) {
+	return s.UpdateTaskReport(ctx, p, TaskUpdate{TaskID: id, Status: status, Error: errMsg, Result: result})
+}
+
+// UpdateTaskReport is UpdateTaskResult with every field of a report: with
+// NoRetry a failed report is final even when the task's job retries.
+func (s *Service) UpdateTaskReport(ctx context.Context, p Principal, u TaskUpdate) (Task, error) {
+	id, status, errMsg, result := u.TaskID, u.Status, u.Error, u.Result
 	stored, err := s.checkUpdate(status, errMsg, result)
 	if err != nil {
 		return Task{}, err
 	}
-	if events.Terminal(status) {
+	if taskstatus.Terminal(status) {
 		s.progress.flush(id) // its last progress goes before its end
 	}
 	if s.hotEligible(status, errMsg) {
@@ -384,7 +420,7 @@ func (s *Service) UpdateTaskResult(ctx context.Context, p Principal, id uuid.UUI
 		// override is audited there), lost or in another state: the general
 		// path gives the precise answer (or applies a change that raced in).
 	}
-	return s.updateTask(ctx, p, id, status, errMsg, stored)
+	return s.updateTask(ctx, p, id, status, errMsg, stored, u.NoRetry)
 }
 
 // checkUpdate validates a status report and returns the result to store
@@ -420,7 +456,7 @@ func (s *Service) checkUpdate(status string, errMsg *string, result json.RawMess
 // cancellation takes the general path, which also tells the holder
 // (task_cancelled).
 func (s *Service) hotEligible(status string, errMsg *string) bool {
-	return s.db.Dialect() == models.Postgres && status != models.StatusClaimed && status != models.StatusPending &&
+	return s.db.Caps().HotPath && status != models.StatusClaimed && status != models.StatusPending &&
 		status != models.StatusCancelled && (errMsg == nil || len(*errMsg) < hotErrorMax)
 }
 
@@ -428,7 +464,7 @@ func (s *Service) hotEligible(status string, errMsg *string) bool {
 // error is kept with a terminal status only, as the general path keeps it).
 func toHotUpdate(id uuid.UUID, status string, errMsg *string, stored *string) models.HotUpdate {
 	u := models.HotUpdate{ID: id, Status: status, Result: stored}
-	if errMsg != nil && events.Terminal(status) {
+	if errMsg != nil && taskstatus.Terminal(status) {
 		u.Error = *errMsg
 	}
 	return u
@@ -438,11 +474,11 @@ func toHotUpdate(id uuid.UUID, status string, errMsg *string, stored *string) mo
 // "from>to" for models.UpdateTasksHot.
 var hotTransitions = func() []string {
 	var out []string
-	for from, tos := range transitions {
+	for _, from := range taskstatus.All {
 		if from == models.StatusPending {
 			continue // a pending task is never held by a worker
 		}
-		for _, to := range tos {
+		for _, to := range taskstatus.Next(from) {
 			out = append(out, from+">"+to)
 		}
 	}
@@ -452,11 +488,12 @@ var hotTransitions = func() []string {
 
 // updateTask is the general path of a status report: one transaction that
 // tells every refusal apart.
-func (s *Service) updateTask(ctx context.Context, p Principal, id uuid.UUID, status string, errMsg *string, stored *string) (Task, error) {
+func (s *Service) updateTask(ctx context.Context, p Principal, id uuid.UUID, status string, errMsg *string, stored *string, noRetry bool) (Task, error) {
 	var out Task
 	var lost *uuid.UUID
+	retried := false
 	err := s.mutate(ctx, func(q *models.Q, em *events.Set) error {
-		lost = nil
+		lost, retried = nil, false
 		t, err := q.GetTask(id)
 		if err != nil {
 			return notFound(err, errf(CodeTaskNotFound, "Task '%s' not found", id))
@@ -467,7 +504,7 @@ func (s *Service) updateTask(ctx context.Context, p Principal, id uuid.UUID, sta
 		if err := s.authorizeUpdate(q, p, t, status); err != nil {
 			return err
 		}
-		if !allowed(t.Status, status) {
+		if !taskstatus.Allowed(t.Status, status) {
 			return errf(CodeInvalidTaskTransition, "Cannot transition from '%s' to '%s'", t.Status, status)
 		}
 		if t.WorkerID == nil && (status == models.StatusClaimed || status == models.StatusRunning) {
@@ -480,9 +517,25 @@ func (s *Service) updateTask(ctx context.Context, p Principal, id uuid.UUID, sta
 				return err
 			}
 		}
-		ok, err := q.TransitionTask(id, t.Status, status, nil, errMsg)
-		if err != nil {
-			return err
+		var ok bool
+		if status == models.StatusFailed && t.RetryBackoff != nil && t.WorkerID != nil {
+			// The job retries: this attempt's error is kept, and while
+			// attempts are left the task waits out its backoff, pending.
+			if err := q.RecordAttemptError(t, ptrOr(errMsg, "")); err != nil {
+				return err
+			}
+			if !noRetry && t.MaxAttempts != nil && t.Attempt < *t.MaxAttempts {
+				delay := retryDelay(*t.RetryBackoff, ptrOr(t.RetryMaxBackoff, DefaultRetryMaxBackoff), t.Attempt)
+				if ok, err = q.RetryTaskLater(id, t.Status, errMsg, delay); err != nil {
+					return err
+				}
+				retried = ok
+			}
+		}
+		if !retried {
+			if ok, err = q.TransitionTask(id, t.Status, status, nil, errMsg); err != nil {
+				return err
+			}
 		}
 		if !ok {
 			// Past its deadline, or changed under us; report against the
@@ -512,7 +565,7 @@ func (s *Service) updateTask(ctx context.Context, p Principal, id uuid.UUID, sta
 		// take a job's last reason to live: a held task's worker still links
 		// the job, and a cleanup of that worker decides about the job. So
 		// completions never lock the job row that all its tasks share.
-		if events.Terminal(status) && t.WorkerID == nil {
+		if taskstatus.Terminal(status) && t.WorkerID == nil {
 			orphans, err := q.SoftDeleteOrphanJobs([]uuid.UUID{t.JobID})
 			if err != nil {
 				return err
@@ -535,7 +588,18 @@ func (s *Service) updateTask(ctx context.Context, p Principal, id uuid.UUID, sta
 	if lost != nil {
 		s.noteHeard(ctx, p.ID, *lost, HeardViaTaskUpdate)
 	}
+	if err == nil && retried {
+		s.sched.kick() // its run_at may come before the armed timer
+	}
 	return out, err
+}
+
+// ptrOr is *p, or def when p is nil.
+func ptrOr[T any](p *T, def T) T {
+	if p == nil {
+		return def
+	}
+	return *p
 }
 
 // lostToCaller refuses a worker's late report about a task that a cleanup

@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/zndraw/joblib/events"
 	"github.com/zndraw/joblib/internal/dbtest"
+	"github.com/zndraw/joblib/internal/taskstatus"
 	"github.com/zndraw/joblib/joblib"
 	"github.com/zndraw/joblib/models"
 )
@@ -312,7 +313,7 @@ func TestCompletionRacingTimeoutExactlyOnce(t *testing.T) {
 		for {
 			running := 0
 			for _, id := range ids {
-				if !events.Terminal(b.task(id).Status) {
+				if !taskstatus.Terminal(b.task(id).Status) {
 					running++
 				}
 			}

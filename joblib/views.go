@@ -6,6 +6,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/zndraw/joblib/events"
+	"github.com/zndraw/joblib/internal/taskstatus"
 	"github.com/zndraw/joblib/models"
 )
 
@@ -57,6 +58,8 @@ type Job struct {
 	TaskTimeout      *int   `json:"task_timeout"`
 	HeartbeatTimeout *int   `json:"heartbeat_timeout"`
 	OnTimeout        string `json:"on_timeout"`
+	// Retry is the job's retry policy (null: a failed report is final).
+	Retry *RetryPolicy `json:"retry"`
 }
 
 // JobSummary is a job in listings.
@@ -96,6 +99,12 @@ type Task struct {
 	// ProgressAt.
 	Progress   *Progress   `json:"progress"`
 	ProgressAt events.Time `json:"progress_at"`
+	// Priority orders claims (-100..100, higher first); RunAt is when it
+	// may be claimed from (null: at submission); Errors are its failed
+	// attempts' errors, the last models.MaxAttemptErrors (absent: none).
+	Priority int                   `json:"priority"`
+	RunAt    events.Time           `json:"run_at"`
+	Errors   []models.AttemptError `json:"errors,omitempty"`
 }
 
 // Progress is a task's reported progress. Every field is optional.
@@ -106,7 +115,7 @@ type Progress struct {
 }
 
 // Terminal reports whether the task reached a final status.
-func (t Task) Terminal() bool { return events.Terminal(t.Status) }
+func (t Task) Terminal() bool { return taskstatus.Terminal(t.Status) }
 
 // Provider is a provider as the API returns it.
 type Provider struct {
@@ -149,6 +158,7 @@ func jobView(j models.Job, workers []uuid.UUID, workerID *uuid.UUID) Job {
 		Schema: rawJSON(j.Schema), Workers: workers, WorkerID: workerID,
 		OnWorkerLoss: j.OnWorkerLoss, MaxAttempts: j.MaxAttempts,
 		TaskTimeout: j.TaskTimeout, HeartbeatTimeout: j.HeartbeatTimeout, OnTimeout: cmp.Or(j.OnTimeout, OnTimeoutFail),
+		Retry: retryView(j),
 	}
 }
 
@@ -169,6 +179,10 @@ func taskView(t models.Task) Task {
 	if t.ProgressAt.Valid() {
 		v.Progress = &Progress{Current: t.ProgressCurrent, Total: t.ProgressTotal, Message: t.ProgressMessage}
 		v.ProgressAt = wireTime(t.ProgressAt)
+	}
+	v.Priority, v.RunAt = t.Priority, wireTime(t.RunAt)
+	if t.Errors != nil && *t.Errors != "" {
+		_ = json.Unmarshal([]byte(*t.Errors), &v.Errors) // written by models as this list
 	}
 	return v
 }

@@ -29,7 +29,7 @@ func (s *Service) CreateWorker(ctx context.Context, p Principal) (Worker, error)
 // Heartbeat proves a worker alive: its last heartbeat becomes the database's
 // now. Only the owner may heartbeat (superusers included).
 func (s *Service) Heartbeat(ctx context.Context, p Principal, id uuid.UUID) (Worker, error) {
-	if s.db.Dialect() == models.Postgres {
+	if s.db.Caps().HotPath {
 		w, ok, err := s.db.HeartbeatHot(ctx, id, p.ID)
 		if err != nil {
 			return Worker{}, err

@@ -22,6 +22,8 @@ var (
 	TasksSelectSQL = tasksSelect
 	// EarliestDeadlineSQL is the idle sweep's read of task deadlines.
 	EarliestDeadlineSQL = earliestDeadlineSQL
+	// NextRunAtSQL is the leader's read of the next delayed task.
+	NextRunAtSQL = nextRunAtSQL[Postgres]
 )
 
 // ClaimArgs are ClaimSQL's arguments.

@@ -42,7 +42,8 @@ type HotNotify struct {
 const hotTaskCols = `u.id, u.seq, u.job_id, u.worker_id, u.lost_worker_id, u.room_id, u.created_by_id, u.payload, u.status, u.attempt,
  u.created_at, u.claimed_at, u.started_at, u.completed_at, u.error, u.result,
  j.room_id, j.category, j.name, j.on_worker_loss, j.max_attempts,
- u.task_timeout, u.heartbeat_timeout, u.deadline_at, u.progress_current, u.progress_total, u.progress_message, u.progress_at, j.on_timeout`
+ u.task_timeout, u.heartbeat_timeout, u.deadline_at, u.progress_current, u.progress_total, u.progress_message, u.progress_at, j.on_timeout,
+ u.priority, u.run_at, u.errors`
 
 // hotStatusEvent is the task_status_event object of the changed task u
 // (%[1]s: the queue position expression).
@@ -107,14 +108,16 @@ func scanHotTask(row pgx.Rows) (HotTask, error) {
 		&t.CreatedAt, &t.ClaimedAt, &t.StartedAt, &t.CompletedAt, &t.Error, &t.Result,
 		&t.JobRoom, &t.JobCategory, &t.JobName, &t.OnWorkerLoss, &t.MaxAttempts,
 		&t.TaskTimeout, &t.HeartbeatTimeout, &t.DeadlineAt, &t.ProgressCurrent, &t.ProgressTotal, &t.ProgressMessage, &t.ProgressAt, &t.OnTimeout,
+		&t.Priority, &t.RunAt, &t.Errors,
 		&t.QueuePosition, &t.Notified, nil)
 	return t, err
 }
 
 // claimSQL claims up to @limit tasks for worker @worker owned by user @user. The worker's
-// jobs are taken oldest pending task first (each job's oldest is one probe
-// of the (job_id, status, seq) index); within a job the pending tasks are
-// walked in that index's order and locked with SKIP LOCKED one at a time as
+// jobs are taken in the order of their first claimable task (highest
+// priority, then oldest: one probe of tasks_ready_idx, which holds the
+// pending tasks that are not delayed, keyed (job_id, priority DESC, seq));
+// within a job the claimable tasks are walked in that index's order and locked with SKIP LOCKED one at a time as
 // the LIMIT pulls them, so the statement locks exactly the rows it claims,
 // reads no pending row beyond them but the locked ones it skips, and never
 // sorts pending rows, whatever the queue length or the statistics. (Locking
@@ -131,15 +134,18 @@ func scanHotTask(row pgx.Rows) (HotTask, error) {
 var claimSQL = `WITH w AS (
 	SELECT id FROM workers WHERE id = @worker AND user_id = @user FOR KEY SHARE
 ), heads AS (
-	SELECT l.job_id, (SELECT t.seq FROM tasks t WHERE t.job_id = l.job_id AND t.status = 'pending' ORDER BY t.seq LIMIT 1) AS head
+	SELECT l.job_id, hd.priority, hd.seq
 	FROM w JOIN worker_job_links l ON l.worker_id = w.id
 	JOIN jobs jj ON jj.id = l.job_id AND jj.room_id <> '@internal'
+	CROSS JOIN LATERAL (
+		SELECT t.priority, t.seq FROM tasks t WHERE t.job_id = l.job_id AND t.status = 'pending' AND NOT t.delayed ORDER BY t.priority DESC, t.seq LIMIT 1
+	) hd
 ), picked AS (
-	SELECT c.id FROM (SELECT job_id, head FROM heads WHERE head IS NOT NULL ORDER BY head) h
+	SELECT c.id FROM (SELECT job_id, priority, seq FROM heads ORDER BY priority DESC, seq) h
 	CROSS JOIN LATERAL (
 		SELECT t.id FROM tasks t
-		WHERE t.job_id = h.job_id AND t.status = 'pending'
-		ORDER BY t.seq LIMIT @limit
+		WHERE t.job_id = h.job_id AND t.status = 'pending' AND NOT t.delayed
+		ORDER BY t.priority DESC, t.seq LIMIT @limit
 		FOR UPDATE OF t SKIP LOCKED
 	) c
 	LIMIT @limit
@@ -153,7 +159,7 @@ var claimSQL = `WITH w AS (
 )` + fmt.Sprintf(hotOutbox, hotPayload("NULL")) + fmt.Sprintf(hotCounted, `SELECT 'pending' AS status, -1 AS d FROM u UNION ALL SELECT status, 1 FROM u`) + `
 SELECT EXISTS (SELECT 1 FROM w), ` + hotTaskCols + `, NULL::bigint AS qp, ` + hotNotified + `, ` + hotCountedCol + ` IS NULL
 FROM (SELECT 1) one LEFT JOIN (u LEFT JOIN jobs j ON j.id = u.job_id LEFT JOIN ev ON ev.id = u.id) ON true
-ORDER BY u.seq`
+ORDER BY u.priority DESC, u.seq`
 
 // claimArgs are claimSQL's arguments.
 func claimArgs(workerID, userID uuid.UUID, limit int, start bool, n HotNotify) pgx.NamedArgs {
@@ -180,7 +186,7 @@ func (db *DB) ClaimTasksHot(ctx context.Context, workerID, userID uuid.UUID, lim
 			id, jobID               *uuid.UUID
 			seq                     *int64
 			roomID, payload, status *string
-			attempt                 *int
+			attempt, priority       *int
 			t                       HotTask
 		)
 		// The first column says whether the worker is the caller's; the task
@@ -189,9 +195,13 @@ func (db *DB) ClaimTasksHot(ctx context.Context, workerID, userID uuid.UUID, lim
 			&t.CreatedAt, &t.ClaimedAt, &t.StartedAt, &t.CompletedAt, &t.Error, &t.Result,
 			&t.JobRoom, &t.JobCategory, &t.JobName, &t.OnWorkerLoss, &t.MaxAttempts,
 			&t.TaskTimeout, &t.HeartbeatTimeout, &t.DeadlineAt, &t.ProgressCurrent, &t.ProgressTotal, &t.ProgressMessage, &t.ProgressAt, &t.OnTimeout,
+			&priority, &t.RunAt, &t.Errors,
 			&t.QueuePosition, &t.Notified, nil)
 		if err != nil {
 			return false, nil, fmt.Errorf("claim tasks: %w", err)
+		}
+		if priority != nil {
+			t.Priority = *priority
 		}
 		owned = ok
 		if id != nil {
@@ -215,6 +225,9 @@ func (db *DB) ClaimTasksHot(ctx context.Context, workerID, userID uuid.UUID, lim
 // task_available for the job's workers to the outbox (both or neither):
 // @av_prefix, @av_middle, @av_suffix and @av_room_prefix are its frame.
 // @timeout is the submission's own task_timeout (NULL: the job's).
+// It adds priority 0 tasks that are claimable at once only (a submission
+// with a priority or a delay takes the general path): its position counts
+// the claimable tasks of a higher priority and those of priority 0 before it.
 var submitSQL = `WITH jj AS (
 	SELECT id, task_timeout, heartbeat_timeout FROM jobs WHERE room_id = @room AND category = @category AND name = @name AND deleted = false AND room_id <> '@internal'
 		AND (@quota = 0 OR (SELECT count(*) FROM (SELECT 1 FROM tasks q WHERE q.created_by_id = @created_by AND q.status = 'pending' LIMIT @quota) c) < @quota)
@@ -224,7 +237,8 @@ var submitSQL = `WITH jj AS (
 	SELECT @id, jj.id, @target_room, @created_by, @payload, 'pending', now(), now(), COALESCE(@timeout::integer, jj.task_timeout), jj.heartbeat_timeout FROM jj
 	RETURNING *
 ), v AS (
-	SELECT u.*, 1 + (SELECT count(*) FROM tasks p WHERE p.job_id = u.job_id AND p.status = 'pending' AND p.seq < u.seq) AS position FROM u
+	SELECT u.*, 1 + (SELECT count(*) FROM tasks p WHERE p.job_id = u.job_id AND p.status = 'pending' AND NOT p.delayed AND p.priority = 0 AND p.seq < u.seq)
+		+ (SELECT count(*) FROM tasks p WHERE p.job_id = u.job_id AND p.status = 'pending' AND NOT p.delayed AND p.priority > 0) AS position FROM u
 ), ev AS (
 	SELECT u.id, ` + hotPayload("u.position") + ` AS p,
 		@av_prefix || to_json(@av_room_prefix || j.room_id || ':' || j.category || ':' || j.name)::text || @av_middle ||
@@ -367,6 +381,8 @@ func updateSQL(b, key string) string {
 		AND (t.lost_worker_id IS NULL OR t.worker_id <> t.lost_worker_id)
 		AND (t.deadline_at IS NULL OR t.deadline_at > now()) -- a task past its deadline takes no report
 		AND EXISTS (SELECT 1 FROM workers w WHERE w.id = t.worker_id AND w.user_id = @user OFFSET 0)
+		-- a failure of a job that retries takes the general path (backoff, errors kept)
+		AND (b.status <> 'failed' OR NOT EXISTS (SELECT 1 FROM jobs rj WHERE rj.id = t.job_id AND rj.retry_backoff IS NOT NULL OFFSET 0))
 	RETURNING t.*, o.status AS old_status
 )` + fmt.Sprintf(hotOutbox, hotPayload("NULL")) + fmt.Sprintf(hotCounted, `SELECT old_status AS status, -1 AS d FROM u UNION ALL SELECT status, 1 FROM u`) + `
 SELECT ` + hotTaskCols + `, NULL::bigint AS qp, ` + hotNotified + `, ` + hotCountedCol + ` IS NULL

@@ -17,25 +17,30 @@ const MaxTaskBatch = 1000
 // in one statement, and returns them as the API shows them in the order
 // given (a multi-row insert takes its sequence numbers in row order, so the
 // batch keeps its FIFO order inside the job's queue).
-func (q *Q) InsertTasks(ids []uuid.UUID, jobID uuid.UUID, roomID string, createdBy *uuid.UUID, payloads []string, timeouts []*int, status string) ([]Task, error) {
+func (q *Q) InsertTasks(ids []uuid.UUID, jobID uuid.UUID, roomID string, createdBy *uuid.UUID, payloads []string, timeouts []*int, scheds []TaskSched, status string) ([]Task, error) {
 	if timeouts == nil {
 		timeouts = make([]*int, len(ids))
 	}
-	if len(ids) != len(payloads) || len(ids) != len(timeouts) || len(ids) == 0 || len(ids) > MaxTaskBatch {
+	if scheds == nil {
+		scheds = make([]TaskSched, len(ids))
+	}
+	if len(ids) != len(payloads) || len(ids) != len(timeouts) || len(ids) != len(scheds) || len(ids) == 0 || len(ids) > MaxTaskBatch {
 		return nil, fmt.Errorf("insert tasks: %d ids for %d payloads (1..%d)", len(ids), len(payloads), MaxTaskBatch)
 	}
 	var sb strings.Builder
 	// Each task takes its job's limits (and its own task_timeout when
 	// given), as InsertTaskTimeout's does.
-	sb.WriteString("INSERT INTO tasks (id, job_id, room_id, created_by_id, payload, status, created_at, updated_at, task_timeout, heartbeat_timeout) VALUES ")
-	args := make([]any, 0, 9*len(ids))
-	row := "(?, ?, ?, ?, ?, ?, " + q.now() + ", " + q.now() + ", COALESCE(?, (SELECT task_timeout FROM jobs WHERE id = ?)), (SELECT heartbeat_timeout FROM jobs WHERE id = ?))"
+	sb.WriteString("INSERT INTO tasks (id, job_id, room_id, created_by_id, payload, status, created_at, updated_at, task_timeout, heartbeat_timeout, priority, run_at, delayed) VALUES ")
+	args := make([]any, 0, 10*len(ids))
+	row := "(?, ?, ?, ?, ?, ?, " + q.now() + ", " + q.now() + ", COALESCE(?, (SELECT task_timeout FROM jobs WHERE id = ?)), (SELECT heartbeat_timeout FROM jobs WHERE id = ?), ?, "
 	for i := range ids {
 		if i > 0 {
 			sb.WriteString(", ")
 		}
-		sb.WriteString(row)
-		args = append(args, ids[i], jobID, roomID, createdBy, payloads[i], status, timeouts[i], jobID, jobID)
+		runAt, delayed, sargs := q.schedExprs(scheds[i])
+		sb.WriteString(row + runAt + ", " + delayed + ")")
+		args = append(args, ids[i], jobID, roomID, createdBy, payloads[i], status, timeouts[i], jobID, jobID, scheds[i].Priority)
+		args = append(args, sargs...)
 	}
 	if err := q.g.Exec(sb.String(), args...).Error; err != nil {
 		return nil, fmt.Errorf("insert tasks: %w", mapErr(err))

@@ -7,8 +7,8 @@ import (
 )
 
 const (
-	jobCols     = "j.id, j.seq, j.room_id, j.category, j.name, j.schema, j.deleted, j.on_worker_loss, j.max_attempts, j.created_by_id, j.created_at, j.task_timeout, j.heartbeat_timeout, j.on_timeout"
-	jobColsBare = "id, seq, room_id, category, name, schema, deleted, on_worker_loss, max_attempts, created_by_id, created_at, task_timeout, heartbeat_timeout, on_timeout"
+	jobCols     = "j.id, j.seq, j.room_id, j.category, j.name, j.schema, j.deleted, j.on_worker_loss, j.max_attempts, j.created_by_id, j.created_at, j.task_timeout, j.heartbeat_timeout, j.on_timeout, j.retry_backoff, j.retry_max_backoff"
+	jobColsBare = "id, seq, room_id, category, name, schema, deleted, on_worker_loss, max_attempts, created_by_id, created_at, task_timeout, heartbeat_timeout, on_timeout, retry_backoff, retry_max_backoff"
 )
 
 // RowLock is how a read inside a transaction locks the rows it returns on
@@ -58,9 +58,9 @@ func (q *Q) JobByKeyLocked(room, category, name string, l RowLock) (Job, error) 
 // reports whether it inserted. Concurrent first registrations therefore never
 // fail: exactly one inserts, the others find the row.
 func (q *Q) InsertJobIfAbsent(j Job) (bool, error) {
-	res := q.g.Exec("INSERT INTO jobs (id, room_id, category, name, schema, on_worker_loss, max_attempts, created_by_id, task_timeout, heartbeat_timeout, on_timeout, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "+q.now()+
+	res := q.g.Exec("INSERT INTO jobs (id, room_id, category, name, schema, on_worker_loss, max_attempts, created_by_id, task_timeout, heartbeat_timeout, on_timeout, retry_backoff, retry_max_backoff, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "+q.now()+
 		") ON CONFLICT (room_id, category, name) DO NOTHING",
-		j.ID, j.RoomID, j.Category, j.Name, j.Schema, j.OnWorkerLoss, j.MaxAttempts, j.CreatedByID, j.TaskTimeout, j.HeartbeatTimeout, onTimeout(j.OnTimeout))
+		j.ID, j.RoomID, j.Category, j.Name, j.Schema, j.OnWorkerLoss, j.MaxAttempts, j.CreatedByID, j.TaskTimeout, j.HeartbeatTimeout, onTimeout(j.OnTimeout), j.RetryBackoff, j.RetryMaxBackoff)
 	if res.Error != nil {
 		return false, fmt.Errorf("insert job: %w", mapErr(res.Error))
 	}
@@ -80,8 +80,8 @@ func onTimeout(p string) string {
 // deleted (a concurrent registration won).
 func (q *Q) ReactivateJob(id uuid.UUID, schema string, j Job, createdBy *uuid.UUID) (bool, error) {
 	res := q.g.Exec("UPDATE jobs SET deleted = false, deleted_at = NULL, schema = ?, on_worker_loss = ?, max_attempts = ?, created_by_id = ?,"+
-		" task_timeout = ?, heartbeat_timeout = ?, on_timeout = ? WHERE id = ? AND deleted = true",
-		schema, j.OnWorkerLoss, j.MaxAttempts, createdBy, j.TaskTimeout, j.HeartbeatTimeout, onTimeout(j.OnTimeout), id)
+		" task_timeout = ?, heartbeat_timeout = ?, on_timeout = ?, retry_backoff = ?, retry_max_backoff = ? WHERE id = ? AND deleted = true",
+		schema, j.OnWorkerLoss, j.MaxAttempts, createdBy, j.TaskTimeout, j.HeartbeatTimeout, onTimeout(j.OnTimeout), j.RetryBackoff, j.RetryMaxBackoff, id)
 	if res.Error != nil {
 		return false, fmt.Errorf("reactivate job: %w", mapErr(res.Error))
 	}
@@ -186,6 +186,16 @@ func (q *Q) SetJobPolicy(id uuid.UUID, onWorkerLoss string, maxAttempts int) err
 	err := q.g.Exec("UPDATE jobs SET on_worker_loss = ?, max_attempts = ? WHERE id = ?", onWorkerLoss, maxAttempts, id).Error
 	if err != nil {
 		return fmt.Errorf("set job policy: %w", mapErr(err))
+	}
+	return nil
+}
+
+// SetJobRetry changes a job's retry policy (seconds; nil backoff: none)
+// and its max_attempts.
+func (q *Q) SetJobRetry(id uuid.UUID, backoff, maxBackoff *float64, maxAttempts int) error {
+	err := q.g.Exec("UPDATE jobs SET retry_backoff = ?, retry_max_backoff = ?, max_attempts = ? WHERE id = ?", backoff, maxBackoff, maxAttempts, id).Error
+	if err != nil {
+		return fmt.Errorf("set job retry: %w", mapErr(err))
 	}
 	return nil
 }

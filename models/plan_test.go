@@ -137,8 +137,9 @@ func tasksRead(p planNode) (rows float64, sorts, seqScans int) {
 }
 
 // The claim walks an index in order and reads about as many pending rows as
-// it claims, with 100,000 pending tasks in the worker's jobs, whether or not
-// the planner has statistics; queue positions cost one pass over the pending
+// it claims, with 100,000 pending tasks of mixed priorities and delays in
+// the worker's jobs, whether or not the planner has statistics (never a
+// sort of the pending rows, never a delayed row); queue positions cost one pass over the pending
 // tasks, not one per row of a page.
 func TestPlansAtScale(t *testing.T) {
 	t.Parallel()
@@ -154,9 +155,14 @@ func TestPlansAtScale(t *testing.T) {
 		fmt.Sprintf("INSERT INTO jobs (id, room_id, category, name) VALUES ('%s', 'r', 'modifiers', 'A'), ('%s', 'r', 'modifiers', 'B')", jobA, jobB),
 		fmt.Sprintf("INSERT INTO worker_job_links (worker_id, job_id) VALUES ('%s', '%s'), ('%s', '%s')", worker, jobA, worker, jobB),
 		// The worker's completed history first, then the queue: half in each
-		// job, interleaved.
+		// job, interleaved, in five priorities, a quarter of it delayed by an
+		// hour (among them the highest priority's oldest tasks, which a walk
+		// that filtered delayed rows would read first).
 		fmt.Sprintf(`INSERT INTO tasks (id, job_id, room_id, status, worker_id) SELECT gen_random_uuid(), '%s', 'r', 'completed', '%s' FROM generate_series(1, 5000)`, jobA, worker),
-		fmt.Sprintf(`INSERT INTO tasks (id, job_id, room_id, status) SELECT gen_random_uuid(), CASE WHEN i %% 2 = 0 THEN '%s'::uuid ELSE '%s'::uuid END, 'r', 'pending' FROM generate_series(1, %d) i`, jobA, jobB, pending),
+		fmt.Sprintf(`INSERT INTO tasks (id, job_id, room_id, status, priority, delayed, run_at)
+			SELECT gen_random_uuid(), CASE WHEN i %% 2 = 0 THEN '%s'::uuid ELSE '%s'::uuid END, 'r', 'pending', i %% 5 - 2,
+			i %% 4 = 0 OR i < 20000 AND i %% 5 = 4, CASE WHEN i %% 4 = 0 OR i < 20000 AND i %% 5 = 4 THEN now() + interval '1 hour' END
+			FROM generate_series(1, %d) i`, jobA, jobB, pending),
 	} {
 		if _, err := db.Pool.Exec(ctx, s); err != nil {
 			t.Fatalf("%s: %v", s, err)
@@ -170,7 +176,7 @@ func TestPlansAtScale(t *testing.T) {
 		}
 	}
 	var last uuid.UUID
-	if err := db.Pool.QueryRow(ctx, "SELECT id FROM tasks WHERE job_id = $1 AND status = 'pending' ORDER BY seq DESC LIMIT 1", jobA).Scan(&last); err != nil {
+	if err := db.Pool.QueryRow(ctx, "SELECT id FROM tasks WHERE job_id = $1 AND status = 'pending' AND NOT delayed ORDER BY seq DESC LIMIT 1", jobA).Scan(&last); err != nil {
 		t.Fatal(err)
 	}
 	for _, stats := range []string{"without statistics", "with statistics"} {
@@ -225,6 +231,12 @@ func TestPlansAtScale(t *testing.T) {
 		p = explain(t, db, models.EarliestDeadlineSQL)
 		if rows, sorts, seq := tasksRead(p); rows > 2 || sorts > 0 || seq > 0 {
 			t.Errorf("the earliest deadline %s reads %.0f task rows (%d sorts, %d seq scans):\n%s", stats, rows, sorts, seq, p)
+		}
+		// The leader's read of the next delayed task: the first entry of
+		// tasks_delayed_idx.
+		p = explain(t, db, models.NextRunAtSQL)
+		if rows, sorts, seq := tasksRead(p); rows > 2 || sorts > 0 || seq > 0 {
+			t.Errorf("the next run_at %s reads %.0f task rows (%d sorts, %d seq scans):\n%s", stats, rows, sorts, seq, p)
 		}
 		// One task's position: a count up to it over the index.
 		p = explain(t, db, strings.Replace(models.TaskSelectSQL+"WHERE t.id = ?", "?", "$1", 1), last)

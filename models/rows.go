@@ -2,6 +2,7 @@ package models
 
 import (
 	"github.com/google/uuid"
+	"github.com/zndraw/joblib/internal/taskstatus"
 )
 
 // User is an account that owns workers and providers and submits tasks.
@@ -50,6 +51,12 @@ type Job struct {
 	TaskTimeout      *int
 	HeartbeatTimeout *int
 	OnTimeout        string
+	// RetryBackoff and RetryMaxBackoff (seconds) are the job's retry
+	// policy: a failed report puts the task back to pending after
+	// min(RetryMaxBackoff, RetryBackoff × 2^(attempt-1)) while MaxAttempts
+	// allows. nil RetryBackoff: a failed report is final.
+	RetryBackoff    *float64
+	RetryMaxBackoff *float64
 }
 
 // FullName is room:category:name.
@@ -96,6 +103,19 @@ type Task struct {
 	ProgressAt      Time
 	// OnTimeout is the job's timeout policy (joined like OnWorkerLoss).
 	OnTimeout *string
+
+	// Priority orders claims (higher first, then seq). RunAt is when the
+	// task may be claimed from (NULL: at once); Delayed is true while it
+	// waits for RunAt (the leader clears it, see PromoteDueTasks). Errors
+	// is the JSON array of its failed attempts' errors (the last
+	// MaxAttemptErrors).
+	Priority int
+	RunAt    Time
+	Delayed  bool
+	Errors   *string
+	// The job's retry policy (joined like OnWorkerLoss).
+	RetryBackoff    *float64
+	RetryMaxBackoff *float64
 }
 
 // JobFullName is the job's full name, or "" when the job row is missing.
@@ -123,14 +143,15 @@ type Provider struct {
 // FullName is room:category:name.
 func (p Provider) FullName() string { return p.RoomID + ":" + p.Category + ":" + p.Name }
 
-// Task statuses as stored and as the API shows them.
+// Task statuses as stored and as the API shows them: the vocabulary is
+// taskstatus's, named here for the queries that write them.
 const (
-	StatusPending   = "pending"
-	StatusClaimed   = "claimed"
-	StatusRunning   = "running"
-	StatusCompleted = "completed"
-	StatusFailed    = "failed"
-	StatusCancelled = "cancelled"
+	StatusPending   = taskstatus.Pending
+	StatusClaimed   = taskstatus.Claimed
+	StatusRunning   = taskstatus.Running
+	StatusCompleted = taskstatus.Completed
+	StatusFailed    = taskstatus.Failed
+	StatusCancelled = taskstatus.Cancelled
 )
 
 // Page is limit/offset pagination.

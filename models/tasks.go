@@ -11,26 +11,36 @@ import (
 const taskCols = `t.id, t.seq, t.job_id, t.worker_id, t.lost_worker_id, t.room_id, t.created_by_id, t.payload, t.status, t.attempt,
  t.created_at, t.claimed_at, t.started_at, t.completed_at, t.error, t.result,
  j.room_id AS job_room, j.category AS job_category, j.name AS job_name, j.on_worker_loss, j.max_attempts,
- t.task_timeout, t.heartbeat_timeout, t.deadline_at, t.progress_current, t.progress_total, t.progress_message, t.progress_at, j.on_timeout`
+ t.task_timeout, t.heartbeat_timeout, t.deadline_at, t.progress_current, t.progress_total, t.progress_message, t.progress_at, j.on_timeout,
+ t.priority, t.run_at, t.delayed, t.errors, j.retry_backoff, j.retry_max_backoff`
 
-// taskSelect reads single tasks: a pending task's queue position is a count
-// over the (job_id, status, seq) index up to it, linear in the position.
+// taskSelect reads single tasks: a claimable pending task's queue position
+// is the number of claimable tasks of its job a claim takes before it or it
+// (higher priority, or the same and an earlier seq): two counts over
+// tasks_ready_idx up to it, linear in the position. A delayed task has
+// none until it is due.
 const taskSelect = `SELECT ` + taskCols + `,
- CASE WHEN t.status = 'pending' THEN (SELECT count(*) FROM tasks p WHERE p.job_id = t.job_id AND p.status = 'pending' AND p.seq <= t.seq) END AS queue_position
+ CASE WHEN t.status = 'pending' AND NOT t.delayed THEN
+  (SELECT count(*) FROM tasks p WHERE p.job_id = t.job_id AND p.status = 'pending' AND NOT p.delayed AND p.priority > t.priority) +
+  (SELECT count(*) FROM tasks p WHERE p.job_id = t.job_id AND p.status = 'pending' AND NOT p.delayed AND p.priority = t.priority AND p.seq <= t.seq) END AS queue_position
  FROM tasks t LEFT JOIN jobs j ON j.id = t.job_id `
 
 // tasksSelect reads many tasks (cond over t and j; tail orders and pages
-// them) and ranks, in one pass, the pending tasks of the jobs involved up to
-// the newest pending one read: the queue positions of a page cost one scan of
-// those pending tasks, never a count per row. The caller appends the final
-// ORDER BY over the columns of page.
+// them) and ranks, in one pass, the claimable pending tasks of the jobs
+// involved in claim order (priority, then seq), over those that may be
+// ahead of a task read (at least the lowest priority read, and either a
+// higher one or a seq up to the newest read: a range of tasks_ready_idx): the queue positions of a page cost one scan of those
+// pending tasks, never a count per row. The caller appends the final ORDER
+// BY over the columns of page.
 func tasksSelect(cond, tail string) string {
 	return `WITH page AS MATERIALIZED (SELECT ` + taskCols + ` FROM tasks t LEFT JOIN jobs j ON j.id = t.job_id ` + cond + ` ` + tail + `),
  ranks AS MATERIALIZED (SELECT r.id, r.queue_position FROM (
-  SELECT p.id, row_number() OVER (PARTITION BY p.job_id ORDER BY p.seq) AS queue_position FROM tasks p
-  WHERE p.status = 'pending' AND p.job_id IN (SELECT job_id FROM page WHERE status = 'pending')
-  AND p.seq <= (SELECT max(seq) FROM page WHERE status = 'pending')) r
-  WHERE r.id IN (SELECT id FROM page WHERE status = 'pending'))
+  SELECT p.id, row_number() OVER (PARTITION BY p.job_id ORDER BY p.priority DESC, p.seq) AS queue_position FROM tasks p
+  WHERE p.status = 'pending' AND NOT p.delayed AND p.job_id IN (SELECT job_id FROM page WHERE status = 'pending' AND NOT delayed)
+  AND p.priority >= (SELECT min(priority) FROM page WHERE status = 'pending' AND NOT delayed)
+  AND (p.seq <= (SELECT max(seq) FROM page WHERE status = 'pending' AND NOT delayed)
+   OR p.priority > (SELECT min(priority) FROM page WHERE status = 'pending' AND NOT delayed))) r
+  WHERE r.id IN (SELECT id FROM page WHERE status = 'pending' AND NOT delayed))
  SELECT page.*, ranks.queue_position FROM page LEFT JOIN ranks ON ranks.id = page.id `
 }
 
@@ -42,9 +52,17 @@ func (q *Q) InsertTask(id, jobID uuid.UUID, roomID string, createdBy *uuid.UUID,
 // InsertTaskTimeout is InsertTask with the task's own task_timeout in
 // seconds (nil: the job's). The task takes its job's limits.
 func (q *Q) InsertTaskTimeout(id, jobID uuid.UUID, roomID string, createdBy *uuid.UUID, payload, status string, timeout *int) (Task, error) {
-	err := q.g.Exec("INSERT INTO tasks (id, job_id, room_id, created_by_id, payload, status, created_at, updated_at, task_timeout, heartbeat_timeout)"+
-		" SELECT ?, j.id, ?, ?, ?, ?, "+q.now()+", "+q.now()+", COALESCE(?, j.task_timeout), j.heartbeat_timeout FROM jobs j WHERE j.id = ?",
-		id, roomID, createdBy, payload, status, timeout, jobID).Error
+	return q.InsertTaskSched(id, jobID, roomID, createdBy, payload, status, timeout, TaskSched{})
+}
+
+// InsertTaskSched is InsertTaskTimeout with the task's priority and the
+// time it may run from.
+func (q *Q) InsertTaskSched(id, jobID uuid.UUID, roomID string, createdBy *uuid.UUID, payload, status string, timeout *int, s TaskSched) (Task, error) {
+	runAt, delayed, sargs := q.schedExprs(s)
+	args := append([]any{id, roomID, createdBy, payload, status, timeout, s.Priority}, sargs...)
+	err := q.g.Exec("INSERT INTO tasks (id, job_id, room_id, created_by_id, payload, status, created_at, updated_at, task_timeout, heartbeat_timeout, priority, run_at, delayed)"+
+		" SELECT ?, j.id, ?, ?, ?, ?, "+q.now()+", "+q.now()+", COALESCE(?, j.task_timeout), j.heartbeat_timeout, ?, "+runAt+", "+delayed+" FROM jobs j WHERE j.id = ?",
+		append(args, jobID)...).Error
 	if err != nil {
 		return Task{}, fmt.Errorf("insert task: %w", mapErr(err))
 	}
@@ -132,9 +150,10 @@ func (q *Q) ClaimTask(workerID uuid.UUID) (Task, bool, error) {
 	return ts[0], true, nil
 }
 
-// ClaimTasks atomically moves up to limit of the oldest pending tasks of the
-// worker's linked (non-internal) jobs to claimed for that worker, and returns
-// them in seq order (none when nothing is claimable); with start they go to
+// ClaimTasks atomically moves up to limit of the first claimable pending
+// tasks (highest priority, then oldest; never a delayed one) of the worker's
+// linked (non-internal) jobs to claimed for that worker, and returns them in
+// that order (none when nothing is claimable); with start they go to
 // running at once (claimed and started in one step). On PostgreSQL
 // concurrent claimers skip each other's locked rows, so every task goes to
 // exactly one claimer; on SQLite the single connection serialises claimers.
@@ -150,13 +169,15 @@ func (q *Q) ClaimTasks(workerID uuid.UUID, limit int, start bool) ([]Task, error
 	}
 	var ids []uuid.UUID
 	err := q.g.Raw("UPDATE tasks SET "+to+", worker_id = ?, attempt = attempt + 1, claimed_at = "+q.now()+", updated_at = "+q.now()+", deadline_at = "+q.claimDeadline()+", "+noProgress+
-		" WHERE id IN (SELECT t.id FROM tasks t WHERE t.status = 'pending' AND t.job_id IN"+
+		" WHERE id IN (SELECT t.id FROM tasks t WHERE t.status = 'pending' AND NOT t.delayed AND t.job_id IN"+
 		" (SELECT l.job_id FROM worker_job_links l JOIN jobs j ON j.id = l.job_id WHERE l.worker_id = ? AND j.room_id <> '@internal')"+
-		" ORDER BY t.seq LIMIT ?"+lock+") RETURNING id", workerID, workerID, limit).Scan(&ids).Error
+		" ORDER BY t.priority DESC, t.seq LIMIT ?"+lock+") RETURNING id", workerID, workerID, limit).Scan(&ids).Error
 	if err != nil {
 		return nil, fmt.Errorf("claim task: %w", mapErr(err))
 	}
-	return q.GetTasks(ids)
+	ts, err := q.GetTasks(ids)
+	sortClaimOrder(ts)
+	return ts, err
 }
 
 // TransitionTask moves a task from one status to another if it is still in

@@ -183,7 +183,7 @@ var taskFields = []string{"id", "job_name", "room_id", "status", "created_at", "
 
 // taskFieldsBeyond are the fields joblib adds to a task (optional for the
 // contract's clients).
-var taskFieldsBeyond = []string{"attempt", "result", "task_timeout", "heartbeat_timeout", "deadline_at", "progress", "progress_at"}
+var taskFieldsBeyond = []string{"attempt", "result", "task_timeout", "heartbeat_timeout", "deadline_at", "progress", "progress_at", "priority", "run_at"}
 
 func stringsReader(s string) io.Reader { return strings.NewReader(s) }
 

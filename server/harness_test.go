@@ -110,7 +110,7 @@ func setupNoUsers(t testing.TB, db *models.DB, opts ...func(*setupOpts)) *env {
 	if o.realtime != nil {
 		rt = api.NewRealtime(*o.realtime, o.realtimeLog)
 		api.Handle("/socket.io/", rt)
-		rt.Start()
+		_ = rt.Start(context.Background())
 	}
 	srv := httptest.NewServer(api.Handler())
 	t.Cleanup(func() {

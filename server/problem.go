@@ -72,23 +72,33 @@ func writeProblem(w http.ResponseWriter, p Problem) {
 	_ = enc.Encode(p)
 }
 
-// fail answers err: a joblib.Error with its problem, anything else as a 500
-// whose detail does not leak internals (the error is logged with the request).
-func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
+// verdict is what an error answers, over REST (a problem+json response)
+// and over a socket ack alike: classify is the one place that decides it.
+type verdict struct {
+	Problem
+	// RetryAfter is when the caller may retry (0: no Retry-After).
+	RetryAfter time.Duration
+	// Limit is the budget the caller ran past (counted in
+	// joblib_rejections_total), "" for none.
+	Limit string
+	// Log is how the error is logged with the request ("" for not at all).
+	Log      string
+	LogLevel slog.Level
+	// Gone: the caller went away (its context ended); nobody reads the
+	// answer.
+	Gone bool
+}
+
+// internalError is the 500 whose detail does not leak internals.
+var internalError = Problem{Type: "/v1/problems/internal-error", Title: http.StatusText(500), Status: 500, Detail: "internal error"}
+
+// classify maps err, met by work running under ctx (a request's or a
+// socket event's, bounded by its database time budget), to its answer: a
+// joblib.Error its problem, a database timeout, outage or full disk 503, a
+// value the database refuses 422, anything else a 500 that is logged.
+func classify(ctx context.Context, err error) verdict {
 	if e, ok := joblib.AsError(err); ok {
-		if e.Limit != "" {
-			s.rejections.Inc(e.Limit)
-			// A budget rejection is the client's doing: at most a warning,
-			// never with the payload.
-			s.log.LogAttrs(r.Context(), slog.LevelDebug, "request past a budget",
-				slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.String("limit", e.Limit),
-				slog.String("remote", clientaddr.Of(r)))
-		}
-		if e.RetryAfter > 0 {
-			w.Header().Set("Retry-After", strconv.Itoa(int(max(1, (e.RetryAfter+time.Second-1)/time.Second))))
-		}
-		writeProblem(w, newProblem(e.Code, e.Detail))
-		return
+		return verdict{Problem: newProblem(e.Code, e.Detail), RetryAfter: e.RetryAfter, Limit: e.Limit}
 	}
 	if errors.Is(err, joblib.ErrUnauthorized) {
 		detail := "Unauthorized"
@@ -96,46 +106,70 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 		if errors.As(err, &ae) {
 			detail = ae.Reason
 		}
-		writeProblem(w, newProblem(joblib.CodeUnauthorized, detail))
-		return
+		return verdict{Problem: newProblem(joblib.CodeUnauthorized, detail)}
 	}
 	if errors.Is(err, errRoomAuthUnavailable) {
-		s.log.LogAttrs(r.Context(), slog.LevelWarn, "room authorization unavailable", slog.String("path", r.URL.Path), slog.Any("err", err))
-		writeProblem(w, Problem{Type: "/v1/problems/room-auth-unavailable", Title: http.StatusText(503), Status: 503,
-			Detail: "Room authorization service unavailable"})
-		return
+		return verdict{Problem: Problem{Type: "/v1/problems/room-auth-unavailable", Title: http.StatusText(503), Status: 503,
+			Detail: "Room authorization service unavailable"}, Log: "room authorization unavailable", LogLevel: slog.LevelWarn}
 	}
-	if errors.Is(context.Cause(r.Context()), errDBBudget) || (models.IsTimeout(err) && r.Context().Err() == nil) {
-		s.fail(w, r, &joblib.Error{Code: joblib.CodeStatementTimeout, Limit: limits.StatementTimeout, RetryAfter: 5 * time.Second,
+	if errors.Is(context.Cause(ctx), errDBBudget) || (models.IsTimeout(err) && ctx.Err() == nil) {
+		return classify(ctx, &joblib.Error{Code: joblib.CodeStatementTimeout, Limit: limits.StatementTimeout, RetryAfter: 5 * time.Second,
 			Detail: "the request's database work took longer than its budget and was cancelled; narrow the request or retry later"})
-		return
 	}
 	if models.IsStorageFull(err) {
-		s.log.LogAttrs(r.Context(), slog.LevelError, "the database is out of space: writes refused until space is freed",
-			slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Any("err", err))
-		s.fail(w, r, &joblib.Error{Code: joblib.CodeStorageFull, RetryAfter: 10 * time.Second,
+		v := classify(ctx, &joblib.Error{Code: joblib.CodeStorageFull, RetryAfter: 10 * time.Second,
 			Detail: "the database is out of space; nothing of this request was stored; retry later"})
-		return
+		v.Log, v.LogLevel = "the database is out of space: writes refused until space is freed", slog.LevelError
+		return v
 	}
-	if models.IsUnavailable(err) && r.Context().Err() == nil {
-		s.log.LogAttrs(r.Context(), slog.LevelWarn, "database connection lost under a request",
-			slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Any("err", err))
-		s.fail(w, r, &joblib.Error{Code: joblib.CodeDatabaseUnavailable, RetryAfter: time.Second,
+	if models.IsUnavailable(err) && ctx.Err() == nil {
+		v := classify(ctx, &joblib.Error{Code: joblib.CodeDatabaseUnavailable, RetryAfter: time.Second,
 			Detail: "the database connection was lost; retry the request"})
-		return
+		v.Log, v.LogLevel = "database connection lost under a request", slog.LevelWarn
+		return v
 	}
 	if models.IsInvalidData(err) {
-		s.fail(w, r, &joblib.Error{Code: joblib.CodeValidation, Limit: limits.JSONBytes,
+		return classify(ctx, &joblib.Error{Code: joblib.CodeValidation, Limit: limits.JSONBytes,
 			Detail: "the database cannot store a value of this request (out of range or not representable)"})
+	}
+	if ctx.Err() != nil {
+		return verdict{Problem: internalError, Gone: true}
+	}
+	return verdict{Problem: internalError, Log: "request failed", LogLevel: slog.LevelError}
+}
+
+// retryAfterSeconds is a Retry-After in whole seconds, rounded up (at
+// least 1 when there is one).
+func retryAfterSeconds(d time.Duration) int {
+	if d <= 0 {
+		return 0
+	}
+	return int(max(1, (d+time.Second-1)/time.Second))
+}
+
+// fail answers err with its problem (classify); a 500's detail does not
+// leak internals (the error is logged with the request).
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	v := classify(r.Context(), err)
+	if v.Limit != "" {
+		s.rejections.Inc(v.Limit)
+		// A budget rejection is the client's doing: at most a warning,
+		// never with the payload.
+		s.log.LogAttrs(r.Context(), slog.LevelDebug, "request past a budget",
+			slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.String("limit", v.Limit),
+			slog.String("remote", clientaddr.Of(r)))
+	}
+	if v.Log != "" {
+		s.log.LogAttrs(r.Context(), v.LogLevel, v.Log,
+			slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.String("remote", clientaddr.Of(r)), slog.Any("err", err))
+	}
+	if v.Gone {
 		return
 	}
-	if r.Context().Err() != nil {
-		// The client went away; nobody reads the answer.
-		return
+	if n := retryAfterSeconds(v.RetryAfter); n > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(n))
 	}
-	s.log.LogAttrs(r.Context(), slog.LevelError, "request failed",
-		slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.String("remote", clientaddr.Of(r)), slog.Any("err", err))
-	writeProblem(w, Problem{Type: "/v1/problems/internal-error", Title: http.StatusText(500), Status: 500, Detail: "internal error"})
+	writeProblem(w, v.Problem)
 }
 
 func badRequest(w http.ResponseWriter, detail string) {

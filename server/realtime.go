@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/zndraw/joblib/events"
+	"github.com/zndraw/joblib/internal/startstop"
 	"github.com/zndraw/joblib/joblib"
 	"github.com/zndraw/joblib/server/sio"
 )
@@ -26,8 +27,12 @@ type Realtime struct {
 	rooms       *roomAuth // nil without JOBLIB_ROOM_AUTH_URL
 	publicReads bool
 	cfg         RealtimeConfig
-	log         *slog.Logger
-	io          *sio.Server
+	// readDB and writeDB are REST's database time budgets
+	// (JOBLIB_READ_DB_TIMEOUT, JOBLIB_WRITE_DB_TIMEOUT), which bound the
+	// socket side's database work alike.
+	readDB, writeDB time.Duration
+	log             *slog.Logger
+	io              *sio.Server
 	// disconnects counts closed sockets by reason (a fixed set, see
 	// sio.Reason*): "slow consumer" is the one operators alert on.
 	disconnects *prometheus.CounterVec
@@ -38,17 +43,19 @@ type Realtime struct {
 	bound  map[uuid.UUID]*sio.Socket // worker -> its socket on this node
 	socks  map[*sio.Socket]struct{}  // connected sockets, re-checked on every credential tick
 	graces map[uuid.UUID]*time.Timer // worker -> pending disconnect cleanup
-	closed bool
+	// started and closed: Start and Shutdown ran (each runs once).
+	started, closed bool
 
-	unsub  func()
-	stop   chan struct{}
-	wg     sync.WaitGroup
-	ctx    context.Context
-	cancel context.CancelFunc
+	unsub   func()
+	stop    chan struct{} // closed by Shutdown: the loops return
+	stopped chan struct{} // closed once Shutdown has finished
+	wg      sync.WaitGroup
+	ctx     context.Context
+	cancel  context.CancelFunc
 }
 
 // NewRealtime builds the Socket.IO endpoint; mount it with Server.Handle at
-// "/socket.io/" and call Start.
+// "/socket.io/" and call Start (it follows the startstop contract).
 func (s *Server) NewRealtime(cfg RealtimeConfig, log *slog.Logger) *Realtime {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -62,8 +69,9 @@ func (s *Server) NewRealtime(cfg RealtimeConfig, log *slog.Logger) *Realtime {
 	ctx, cancel := context.WithCancel(context.Background())
 	rt := &Realtime{
 		svc: s.svc, auth: s.auth, rooms: s.rooms, publicReads: s.cfg.PublicReads, cfg: cfg, log: log,
+		readDB: s.cfg.ReadDBTimeout, writeDB: s.cfg.WriteDBTimeout,
 		bound: map[uuid.UUID]*sio.Socket{}, graces: map[uuid.UUID]*time.Timer{}, socks: map[*sio.Socket]struct{}{},
-		stop: make(chan struct{}), ctx: ctx, cancel: cancel,
+		stop: make(chan struct{}), stopped: make(chan struct{}), ctx: ctx, cancel: cancel,
 		disconnects: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "joblib_socket_disconnects_total",
 			Help: "Closed Socket.IO connections on this node by reason (slow consumer, ping timeout, transport error, ...).",
@@ -109,6 +117,19 @@ func (s *Server) NewRealtime(cfg RealtimeConfig, log *slog.Logger) *Realtime {
 	return rt
 }
 
+// readBudget bounds a socket-side read (authentication, a credential
+// re-check) as REST bounds a listing; writeBudget bounds a client event or
+// a cleanup as REST bounds a mutating request. Past it the work is
+// cancelled and answers as REST's statement-timeout (classify). A zero
+// budget (disabled) leaves the work unbounded, as over REST.
+func (rt *Realtime) readBudget(ctx context.Context) (context.Context, context.CancelFunc) {
+	return dbBudgetContext(ctx, rt.readDB)
+}
+
+func (rt *Realtime) writeBudget(ctx context.Context) (context.Context, context.CancelFunc) {
+	return dbBudgetContext(ctx, rt.writeDB)
+}
+
 // ServeHTTP serves /socket.io/. Requests for sessions of other nodes are
 // forwarded to them.
 func (rt *Realtime) ServeHTTP(w http.ResponseWriter, r *http.Request) { rt.fwd.ServeHTTP(w, r) }
@@ -123,8 +144,18 @@ func (rt *Realtime) NodeLookups() int64 { return rt.fwd.looked.Load() }
 // IO exposes the Socket.IO server (room sizes, socket counts).
 func (rt *Realtime) IO() *sio.Server { return rt.io }
 
-// Start subscribes to the bus and starts the keep-alive loop.
-func (rt *Realtime) Start() {
+// Start subscribes to the bus and starts the loops: keep-alive, dashboard,
+// recovery purge and credential re-check. It returns at once; ctx is not
+// kept (Stop or Shutdown ends the loops). Starting twice, or after a stop,
+// does nothing.
+func (rt *Realtime) Start(context.Context) error {
+	rt.mu.Lock()
+	again := rt.started || rt.closed
+	rt.started = true
+	rt.mu.Unlock()
+	if again {
+		return nil
+	}
 	rt.unsub = rt.svc.Bus().Subscribe(rt.deliver)
 	rt.svc.OnCleanup(rt.closeRemoved)
 	if m, ok := rt.svc.Bus().(events.Monitored); ok {
@@ -141,16 +172,28 @@ func (rt *Realtime) Start() {
 		rt.wg.Go(rt.purgeRecovery)
 	}
 	rt.wg.Go(rt.recheck)
+	return nil
+}
+
+// Stop is Shutdown without a deadline of its own: every connection is
+// closed with its handshake (a stuck write is bounded by the socket write
+// timeout).
+func (rt *Realtime) Stop() {
+	if err := rt.Shutdown(context.Background()); err != nil {
+		rt.log.Warn("close sockets", "err", err)
+	}
 }
 
 // Shutdown closes every connection and stops the loops. Pending disconnect
 // cleanups are dropped, not run: the workers of a node that is shutting down
 // get their grace from reconnecting elsewhere, and startup recovery or the
-// sweeper takes care of the rest.
+// sweeper takes care of the rest. A second call waits for the first; ctx
+// bounds the closing handshakes, past it connections are cut.
 func (rt *Realtime) Shutdown(ctx context.Context) error {
 	rt.mu.Lock()
 	if rt.closed {
 		rt.mu.Unlock()
+		<-rt.stopped
 		return nil
 	}
 	rt.closed = true
@@ -166,6 +209,7 @@ func (rt *Realtime) Shutdown(ctx context.Context) error {
 	err := rt.io.Shutdown(ctx)
 	rt.cancel()
 	rt.wg.Wait()
+	close(rt.stopped)
 	return err
 }
 
@@ -182,3 +226,7 @@ func (rt *Realtime) LeaseLost() int {
 	rt.log.Warn("node lease lost: worker sockets closed", "worker_sockets", n)
 	return n
 }
+
+// Realtime follows the one start/stop contract (serve starts and stops it
+// as one of its parts).
+var _ startstop.Service = (*Realtime)(nil)

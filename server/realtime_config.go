@@ -4,6 +4,9 @@ package server
 
 import (
 	"time"
+
+	"github.com/zndraw/joblib/server/sio"
+	"github.com/zndraw/joblib/server/sio/engineio"
 )
 
 // RealtimeConfig configures the Socket.IO endpoint (JOBLIB_-prefixed
@@ -66,13 +69,17 @@ type RealtimeConfig struct {
 	RecoveryHistoryBytes int64 `env:"SOCKET_RECOVERY_HISTORY_BYTES" envDefault:"67108864"`
 }
 
-// DefaultRealtimeConfig returns the documented defaults.
+// DefaultRealtimeConfig returns the documented defaults: the socket
+// layer's own (sio and engineio Default* constants) where it has them. The
+// env tags above and docs/configuration.md are checked against it
+// (cmd/joblib TestDefaultsAgree).
 func DefaultRealtimeConfig() RealtimeConfig {
 	return RealtimeConfig{
-		PingInterval: 25 * time.Second, PingTimeout: 20 * time.Second, DisconnectGrace: 5 * time.Second,
-		MaxMessageBytes: 1_000_000, SendQueue: 1024, ConnectTimeout: 20 * time.Second,
-		MaxAttachments: 64, MaxEventBytes: 10_000_000, MaxEventDepth: 64, MaxRooms: 1000,
-		MaxSessions: 100_000, MaxSessionsPerAddr: 1000, MaxHints: 32,
+		PingInterval: sio.DefaultPingInterval, PingTimeout: sio.DefaultPingTimeout, DisconnectGrace: 5 * time.Second,
+		MaxMessageBytes: sio.DefaultMaxPayload, SendQueue: sio.DefaultSendQueue, ConnectTimeout: sio.DefaultConnectTimeout,
+		MaxAttachments: sio.DefaultMaxAttachments, MaxEventBytes: sio.DefaultMaxEventBytes, MaxEventDepth: sio.DefaultMaxDepth,
+		MaxRooms: sio.DefaultMaxRooms, MaxSessions: engineio.DefaultMaxSessions, MaxSessionsPerAddr: engineio.DefaultMaxSessionsPerAddr,
+		MaxHints:       engineio.DefaultMaxHints,
 		RecoveryWindow: 2 * time.Minute, RecoveryMaxPackets: 1000, RecoveryMaxBytes: 4 << 20, RecoveryHistoryBytes: 64 << 20,
 	}
 }

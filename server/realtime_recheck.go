@@ -108,7 +108,7 @@ func (rt *Realtime) recheckSocket(s *sio.Socket, credAge, roomAge time.Duration)
 		return
 	}
 	if !st.anon {
-		ctx, cancel := context.WithTimeout(rt.ctx, 5*time.Second)
+		ctx, cancel := rt.readBudget(rt.ctx)
 		_, err := rt.auth.authenticateFresh(ctx, st.token, credAge)
 		cancel()
 		if errors.Is(err, joblib.ErrUnauthorized) {

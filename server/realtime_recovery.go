@@ -49,7 +49,7 @@ func socketOwner(s *sio.Socket) string {
 // SQLite, sessions stay in the node's memory: a client recovers on the node
 // it was on, and elsewhere gets a fresh session, never a wrong replay.
 func sessionStore(db *models.DB, bus events.Bus) sio.SessionStore {
-	if _, ok := bus.(*events.PGBus); ok && db != nil && db.Pool != nil {
+	if events.DeliversInOneOrder(bus) && db != nil && db.Caps().SharedSessions {
 		return dbSessionStore{db}
 	}
 	return nil
@@ -91,10 +91,10 @@ func (rt *Realtime) purgeRecovery() {
 		case <-t.C:
 		}
 		rt.io.Namespace("/").TrimHistory()
-		if rt.svc.DB().Pool == nil {
+		if !rt.svc.DB().Caps().SharedSessions {
 			continue
 		}
-		ctx, cancel := context.WithTimeout(rt.ctx, 10*time.Second)
+		ctx, cancel := rt.writeBudget(rt.ctx)
 		_, err := rt.svc.DB().PurgeSocketSessions(ctx)
 		cancel()
 		if err != nil && rt.ctx.Err() == nil {

@@ -8,10 +8,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/zndraw/joblib/events"
@@ -129,7 +129,7 @@ func (rt *Realtime) OnConnect(ctx context.Context, s *sio.Socket, req *http.Requ
 		rt.mu.Unlock()
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, 800*time.Millisecond)
+	ctx, cancel := rt.readBudget(ctx)
 	defer cancel()
 	p, err := rt.auth.authenticate(clientaddr.NewContext(ctx, s.RemoteAddr()), token)
 	if err != nil {
@@ -167,9 +167,14 @@ func tokenFromAuth(raw json.RawMessage) string {
 
 // ack is the answer to a client event that asked for one.
 type ack struct {
-	OK     bool   `json:"ok"`
-	Status int    `json:"status,omitempty"`
+	OK     bool `json:"ok"`
+	Status int  `json:"status,omitempty"`
+	// Type is the problem type REST answers for the same error (set for
+	// the errors classify answers).
+	Type   string `json:"type,omitempty"`
 	Detail string `json:"detail,omitempty"`
+	// RetryAfter is REST's Retry-After for the same error, in seconds.
+	RetryAfter int `json:"retry_after,omitempty"`
 	// Tasks answers claim_tasks (an empty list when nothing was claimable).
 	Tasks *[]joblib.Task `json:"tasks,omitempty"`
 	// Results answers update_tasks, one item per report.
@@ -196,7 +201,7 @@ func (rt *Realtime) OnEvent(ctx context.Context, s *sio.Socket, ev sio.Event, re
 }
 
 func (rt *Realtime) handle(ctx context.Context, s *sio.Socket, st *connState, ev sio.Event) ack {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	ctx, cancel := rt.writeBudget(ctx)
 	defer cancel()
 	// After a stall this node acts for nobody until its lease is known
 	// valid again; if it lapsed, this socket is being dropped.
@@ -273,7 +278,7 @@ func (rt *Realtime) handle(ctx context.Context, s *sio.Socket, st *connState, ev
 			return ack{Status: 422, Detail: "room_id is required"}
 		}
 		if err := joblib.ValidateRoomID(*body.RoomID); err != nil {
-			return errAck(err)
+			return rt.errAck(ctx, err)
 		}
 		room := events.Room(*body.RoomID)
 		if ev.Name == "leave_room" {
@@ -283,7 +288,7 @@ func (rt *Realtime) handle(ctx context.Context, s *sio.Socket, st *connState, ev
 		}
 		if rt.rooms != nil {
 			if err := rt.rooms.check(clientaddr.NewContext(ctx, s.RemoteAddr()), st.p, st.token, *body.RoomID, accessRead); err != nil {
-				return errAck(err)
+				return rt.errAck(ctx, err)
 			}
 		}
 		if err := s.Join(room); err != nil {
@@ -316,7 +321,7 @@ func (rt *Realtime) claimTasks(ctx context.Context, st *connState, rawWorker *st
 	}
 	ts, err := rt.svc.ClaimTasks(ctx, st.p, wid, limit, start)
 	if err != nil {
-		return errAck(err)
+		return rt.errAck(ctx, err)
 	}
 	if ts == nil {
 		ts = []joblib.Task{}
@@ -337,10 +342,7 @@ func (rt *Realtime) updateTasks(ctx context.Context, st *connState, raw json.Raw
 	}
 	rs, err := rt.svc.UpdateTasks(ctx, st.p, ups)
 	if err != nil {
-		if _, ok := joblib.AsError(err); !ok {
-			rt.log.Error("update_tasks failed", "err", err)
-		}
-		return errAck(err)
+		return rt.errAck(ctx, err)
 	}
 	return ack{OK: true, Results: taskUpdateItems(ctx, rt.log, rs)}
 }
@@ -364,7 +366,7 @@ func (rt *Realtime) taskProgress(ctx context.Context, st *connState, args []json
 		return ack{Status: 422, Detail: "task_id must be a UUID"}
 	}
 	if _, err := rt.svc.ReportProgress(ctx, st.p, id, b.Progress); err != nil {
-		return errAck(err)
+		return rt.errAck(ctx, err)
 	}
 	return ack{OK: true}
 }
@@ -393,12 +395,12 @@ func (rt *Realtime) roomAccess(ctx context.Context, s *sio.Socket, st *connState
 	return g, nil
 }
 
-func errAck(err error) ack {
-	if e, ok := joblib.AsError(err); ok {
-		return ack{Status: newProblem(e.Code, e.Detail).Status, Detail: e.Detail}
+// errAck answers err as REST would (classify): the same status, problem
+// type and Retry-After, in the ack.
+func (rt *Realtime) errAck(ctx context.Context, err error) ack {
+	v := classify(ctx, err)
+	if v.Log != "" {
+		rt.log.LogAttrs(ctx, v.LogLevel, "socket event: "+v.Log, slog.Any("err", err))
 	}
-	if errors.Is(err, errRoomAuthUnavailable) {
-		return ack{Status: 503, Detail: "Room authorization service unavailable"}
-	}
-	return ack{Status: 500, Detail: "internal error"}
+	return ack{Status: v.Status, Type: v.Type, Detail: v.Detail, RetryAfter: retryAfterSeconds(v.RetryAfter)}
 }

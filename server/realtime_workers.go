@@ -41,10 +41,10 @@ func (rt *Realtime) joinAsWorker(ctx context.Context, s *sio.Socket, st *connSta
 		return ack{Status: 422, Detail: "worker_id must be a UUID"}
 	}
 	if err := rt.svc.CheckWorker(ctx, st.p, wid); err != nil {
-		return errAck(err)
+		return rt.errAck(ctx, err)
 	}
 	if err := exists(); err != nil {
-		return errAck(err)
+		return rt.errAck(ctx, err)
 	}
 	st.mu.Lock()
 	_, already := st.workers[wid]
@@ -53,7 +53,7 @@ func (rt *Realtime) joinAsWorker(ctx context.Context, s *sio.Socket, st *connSta
 		// Ownership was checked above; a worker deleted since is not found.
 		epoch, err := rt.svc.BindWorker(ctx, wid)
 		if err != nil {
-			return errAck(err)
+			return rt.errAck(ctx, err)
 		}
 		st.mu.Lock()
 		st.workers[wid] = epoch
@@ -124,7 +124,7 @@ func (rt *Realtime) expire(wid uuid.UUID, epoch int64) {
 	}
 	rt.wg.Add(1)
 	defer rt.wg.Done()
-	ctx, cancel := context.WithTimeout(rt.ctx, 30*time.Second)
+	ctx, cancel := rt.writeBudget(rt.ctx)
 	defer cancel()
 	// A timer that fires as the node wakes from a stall waits for the
 	// lease check; a lease lost meanwhile changes nothing for it (the

@@ -18,6 +18,7 @@ import (
 	"github.com/zndraw/joblib/internal/jsonguard"
 	"github.com/zndraw/joblib/internal/limits"
 	"github.com/zndraw/joblib/joblib"
+	"github.com/zndraw/joblib/models"
 )
 
 const prefix = "/v1/joblib"
@@ -75,6 +76,15 @@ func (s *Server) dbBudget(d time.Duration, h http.HandlerFunc) http.HandlerFunc 
 		defer b.timer.Stop()
 		h(w, r.WithContext(context.WithValue(ctx, budgetKey{}, b)))
 	}
+}
+
+// dbBudgetContext is ctx cancelled with errDBBudget after d (not at all
+// for d <= 0): the budget of work that is not an HTTP request.
+func dbBudgetContext(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	if d <= 0 {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeoutCause(ctx, d, errDBBudget)
 }
 
 type budgetKey struct{}
@@ -429,6 +439,8 @@ type registerJobBody struct {
 	TaskTimeout      *int   `json:"task_timeout"`
 	HeartbeatTimeout *int   `json:"heartbeat_timeout"`
 	OnTimeout        string `json:"on_timeout"`
+	// Retry is the job's retry of failed reports (optional).
+	Retry *joblib.RetryPolicy `json:"retry"`
 }
 
 // schemaOf picks the schema field (or its alias) and checks it is an object.
@@ -465,7 +477,7 @@ func (s *Server) registerJob(w http.ResponseWriter, r *http.Request) {
 	job, created, err := s.svc.RegisterJob(r.Context(), p, room, joblib.RegisterJobParams{
 		Category: *b.Category, Name: *b.Name, Schema: schema, WorkerID: b.WorkerID,
 		OnWorkerLoss: b.OnWorkerLoss, MaxAttempts: b.MaxAttempts,
-		TaskTimeout: b.TaskTimeout, HeartbeatTimeout: b.HeartbeatTimeout, OnTimeout: b.OnTimeout,
+		TaskTimeout: b.TaskTimeout, HeartbeatTimeout: b.HeartbeatTimeout, OnTimeout: b.OnTimeout, Retry: b.Retry,
 	})
 	s.answer(w, r, createdOrOK(created), job, err)
 }
@@ -525,7 +537,7 @@ func (s *Server) submitTask(w http.ResponseWriter, r *http.Request) {
 		if !s.decodeBody(w, r, &b) {
 			return
 		}
-		if sub.Payloads, sub.Timeouts, ok = batchPayloads(w, b.Tasks); !ok {
+		if sub.Payloads, sub.Timeouts, sub.Scheds, ok = batchPayloads(w, b.Tasks); !ok {
 			return
 		}
 	} else {
@@ -533,6 +545,10 @@ func (s *Server) submitTask(w http.ResponseWriter, r *http.Request) {
 			Payload json.RawMessage `json:"payload"`
 			// Timeout is the task's own task_timeout in seconds (optional).
 			Timeout *int `json:"timeout"`
+			// Priority, and run_at (RFC 3339) or delay (seconds): optional.
+			Priority json.RawMessage `json:"priority"`
+			RunAt    json.RawMessage `json:"run_at"`
+			Delay    json.RawMessage `json:"delay"`
 		}
 		if !s.decodeBody(w, r, &b) {
 			return
@@ -541,7 +557,12 @@ func (s *Server) submitTask(w http.ResponseWriter, r *http.Request) {
 			badRequest(w, `field "payload": expected a JSON object`)
 			return
 		}
-		sub.Payloads, sub.Timeouts = []json.RawMessage{b.Payload}, []*int{b.Timeout}
+		sc, problem := schedOf("", b.Priority, b.RunAt, b.Delay)
+		if problem != "" {
+			badRequest(w, problem)
+			return
+		}
+		sub.Payloads, sub.Timeouts, sub.Scheds = []json.RawMessage{b.Payload}, []*int{b.Timeout}, []models.TaskSched{sc}
 	}
 	out, err := s.svc.Submit(r.Context(), p, sub)
 	if err != nil {
@@ -579,47 +600,78 @@ func idempotencyKey(w http.ResponseWriter, r *http.Request) (string, bool) {
 	return vs[0], true
 }
 
-// batchUnsupported are the per-task members of a batch the issue names
-// that joblib does not store yet: refused, never silently ignored.
-var batchUnsupported = []string{"priority", "run_at", "delay"}
+// schedOf reads a submission's priority, run_at and delay members (raw
+// JSON; absent or null: not given); problem is the 422 detail of a member
+// that is not what it must be (field prefixes its name).
+func schedOf(field string, priority, runAt, delay json.RawMessage) (sc models.TaskSched, problem string) {
+	given := func(raw json.RawMessage) bool { t := bytes.TrimSpace(raw); return len(t) > 0 && string(t) != "null" }
+	if given(priority) {
+		if json.Unmarshal(priority, &sc.Priority) != nil {
+			return sc, fmt.Sprintf(`field "%spriority": expected an integer from %d to %d`, field, joblib.MinPriority, joblib.MaxPriority)
+		}
+	}
+	if given(runAt) {
+		var s string
+		if json.Unmarshal(runAt, &s) != nil {
+			return sc, fmt.Sprintf(`field "%srun_at": expected an RFC 3339 time`, field)
+		}
+		t, err := time.Parse(time.RFC3339Nano, s)
+		if err != nil {
+			return sc, fmt.Sprintf(`field "%srun_at": expected an RFC 3339 time such as 2026-01-02T15:04:05Z, got %q`, field, s)
+		}
+		sc.RunAt = &t
+	}
+	if given(delay) {
+		var d float64
+		if json.Unmarshal(delay, &d) != nil {
+			return sc, fmt.Sprintf(`field "%sdelay": expected a number of seconds`, field)
+		}
+		sc.Delay = &d
+	}
+	if sc.RunAt != nil && sc.Delay != nil {
+		return sc, fmt.Sprintf(`fields "%srun_at" and "%sdelay" are exclusive; give one`, field, field)
+	}
+	return sc, ""
+}
 
 // batchPayloads checks the "tasks" member of a batch submission: an array
-// of {"payload": {...}, "timeout"?: seconds} objects.
-func batchPayloads(w http.ResponseWriter, tasks json.RawMessage) ([]json.RawMessage, []*int, bool) {
+// of {"payload": {...}, "timeout"?: seconds, "priority"?, "run_at"? or
+// "delay"?} objects.
+func batchPayloads(w http.ResponseWriter, tasks json.RawMessage) ([]json.RawMessage, []*int, []models.TaskSched, bool) {
 	var items []map[string]json.RawMessage
 	if t := bytes.TrimSpace(tasks); len(t) == 0 || t[0] != '[' || json.Unmarshal(t, &items) != nil {
 		badRequest(w, `field "tasks": expected an array of {"payload": {...}} objects`)
-		return nil, nil, false
+		return nil, nil, nil, false
 	}
 	out := make([]json.RawMessage, len(items))
 	timeouts := make([]*int, len(items))
+	scheds := make([]models.TaskSched, len(items))
 	for i, it := range items {
 		if it == nil {
 			badRequest(w, fmt.Sprintf(`field "tasks[%d]": expected an object {"payload": {...}}`, i))
-			return nil, nil, false
-		}
-		for _, f := range batchUnsupported {
-			if _, ok := it[f]; ok {
-				badRequest(w, fmt.Sprintf(`field "tasks[%d].%s" is not supported yet; submit without it`, i, f))
-				return nil, nil, false
-			}
+			return nil, nil, nil, false
 		}
 		pl := bytes.TrimSpace(it["payload"])
 		if len(pl) > 0 && pl[0] != '{' {
 			badRequest(w, fmt.Sprintf(`field "tasks[%d].payload": expected a JSON object`, i))
-			return nil, nil, false
+			return nil, nil, nil, false
 		}
 		out[i] = pl
 		if raw, ok := it["timeout"]; ok && string(bytes.TrimSpace(raw)) != "null" {
 			var v int
 			if err := json.Unmarshal(raw, &v); err != nil {
 				badRequest(w, fmt.Sprintf(`field "tasks[%d].timeout": expected an integer number of seconds`, i))
-				return nil, nil, false
+				return nil, nil, nil, false
 			}
 			timeouts[i] = &v
 		}
+		var problem string
+		if scheds[i], problem = schedOf(fmt.Sprintf("tasks[%d].", i), it["priority"], it["run_at"], it["delay"]); problem != "" {
+			badRequest(w, problem)
+			return nil, nil, nil, false
+		}
 	}
-	return out, timeouts, true
+	return out, timeouts, scheds, true
 }
 
 func (s *Server) claimTask(w http.ResponseWriter, r *http.Request) {
@@ -735,6 +787,8 @@ func (s *Server) updateTask(w http.ResponseWriter, r *http.Request) {
 		Result json.RawMessage `json:"result"`
 		// Progress is the holder's progress report, alone or with a status.
 		Progress json.RawMessage `json:"progress"`
+		// Retry false makes a failed report final, whatever the job's retry.
+		Retry *bool `json:"retry"`
 	}
 	if !s.decodeBody(w, r, &b) {
 		return
@@ -757,7 +811,7 @@ func (s *Server) updateTask(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, `field "status" must be one of pending, claimed, running, completed, failed, cancelled`)
 		return
 	}
-	task, err := s.svc.UpdateTaskResult(r.Context(), p, id, *b.Status, b.Error, b.Result)
+	task, err := s.svc.UpdateTaskReport(r.Context(), p, joblib.TaskUpdate{TaskID: id, Status: *b.Status, Error: b.Error, Result: b.Result, NoRetry: b.Retry != nil && !*b.Retry})
 	s.answer(w, r, http.StatusOK, task, err)
 }
 

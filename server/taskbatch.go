@@ -9,7 +9,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/zndraw/joblib/joblib"
-	"github.com/zndraw/joblib/models"
 )
 
 // taskUpdateBody is one report of a batch update, as PATCH /tasks/{id}
@@ -19,6 +18,8 @@ type taskUpdateBody struct {
 	Status *string         `json:"status"`
 	Error  *string         `json:"error"`
 	Result json.RawMessage `json:"result"`
+	// Retry false makes a failed report final, whatever the job's retry.
+	Retry *bool `json:"retry"`
 }
 
 // taskUpdateItem is the answer to one report of a batch update: the task,
@@ -53,7 +54,7 @@ func decodeTaskUpdates(updates json.RawMessage) ([]joblib.TaskUpdate, error) {
 		if b.TaskID == nil {
 			return nil, fmt.Errorf(`updates[%d]: field "task_id" is required`, i)
 		}
-		ups[i] = joblib.TaskUpdate{TaskID: *b.TaskID, Error: b.Error, Result: b.Result}
+		ups[i] = joblib.TaskUpdate{TaskID: *b.TaskID, Error: b.Error, Result: b.Result, NoRetry: b.Retry != nil && !*b.Retry}
 		if b.Status != nil {
 			ups[i].Status = *b.Status
 		}
@@ -62,8 +63,8 @@ func decodeTaskUpdates(updates json.RawMessage) ([]joblib.TaskUpdate, error) {
 }
 
 // taskUpdateItems turns the service's outcomes into the answer's items. A
-// failure that is not a refusal (the database, a deadline) is logged and
-// answered as that report's internal-error or statement-timeout problem.
+// failure is answered as that report's problem, as REST answers the same
+// error (classify).
 func taskUpdateItems(ctx context.Context, log *slog.Logger, rs []joblib.TaskUpdateResult) []taskUpdateItem {
 	out := make([]taskUpdateItem, len(rs))
 	for i, r := range rs {
@@ -71,17 +72,11 @@ func taskUpdateItems(ctx context.Context, log *slog.Logger, rs []joblib.TaskUpda
 		if r.Err == nil {
 			continue
 		}
-		var p Problem
-		switch e, ok := joblib.AsError(r.Err); {
-		case ok:
-			p = newProblem(e.Code, e.Detail)
-		case models.IsTimeout(r.Err):
-			p = newProblem(joblib.CodeStatementTimeout, "the report's database work took longer than its budget and was cancelled; retry it")
-		default:
-			log.LogAttrs(ctx, slog.LevelError, "task update failed", slog.String("task_id", r.TaskID.String()), slog.Any("err", r.Err))
-			p = Problem{Type: "/v1/problems/internal-error", Title: http.StatusText(500), Status: 500, Detail: "internal error"}
+		v := classify(ctx, r.Err)
+		if v.Log != "" {
+			log.LogAttrs(ctx, v.LogLevel, "task update failed: "+v.Log, slog.String("task_id", r.TaskID.String()), slog.Any("err", r.Err))
 		}
-		out[i].Problem = &p
+		out[i].Problem = &v.Problem
 	}
 	return out
 }

@@ -70,6 +70,7 @@ import (
 )
 
 type options struct {
+	priorities             int
 	db                     string
 	workers, tasks, rounds int
 	batch                  int
@@ -103,6 +104,7 @@ func main() {
 	flag.BoolVar(&o.start, "start", false, "with -flow batch or socket: claims start the tasks (running at once), so workers report only completed")
 	flag.IntVar(&o.progressRate, "progress-rate", 0, "joblib: another worker reports this many task progresses per second (PATCH {\"progress\"}) on 100 tasks it holds while the workers claim and report")
 	flag.IntVar(&o.nodes, "nodes", 1, "PostgreSQL: joblib nodes on the one database, each with its own pool, event bus, relay and HTTP server; worker i and submitter i use node i mod N")
+	flag.IntVar(&o.priorities, "priorities", 0, "joblib: submit the tasks in this many priorities (0..n-1, mixed), so that claims take them by priority")
 	flag.BoolVar(&o.floor, "floor", false, "PostgreSQL: also run the HTTP floor, the contract's three requests per task to a server that runs only the raw loop's statements")
 	flag.Parse()
 	if err := run(context.Background(), o); err != nil {
@@ -432,7 +434,10 @@ func newBenchNode(ctx context.Context, db *models.DB, i int, token *string, o op
 	api := server.New(svc, server.DefaultConfig(), nil)
 	rt := api.NewRealtime(server.DefaultRealtimeConfig(), nil)
 	api.Handle("/socket.io/", rt)
-	rt.Start()
+	if err := rt.Start(ctx); err != nil {
+		svc.Close()
+		return nil, err
+	}
 	srv := httptest.NewServer(api.Handler())
 	c := &client{base: srv.URL + "/v1/joblib", token: *token, http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: o.workers * 2}}}
 	return &benchNode{svc: svc, srv: srv, rt: rt, c: c}, nil
@@ -533,7 +538,11 @@ func (b *joblibBench) round(ctx context.Context) (result, error) {
 		wg.Go(func() {
 			c := b.nodes[s%len(b.nodes)].c
 			for i := s; i < b.o.tasks; i += submitters {
-				if err := c.do("POST", "/rooms/bench/tasks/bench:modifiers:Bench", map[string]any{"payload": map[string]any{"i": i}}, nil); err != nil {
+				body := map[string]any{"payload": map[string]any{"i": i}}
+				if b.o.priorities > 0 {
+					body["priority"] = i % b.o.priorities
+				}
+				if err := c.do("POST", "/rooms/bench/tasks/bench:modifiers:Bench", body, nil); err != nil {
 					failed.Store(err)
 					return
 				}

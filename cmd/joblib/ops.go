@@ -68,7 +68,7 @@ func opsService(ctx context.Context, cfg Config, log *slog.Logger) (*joblib.Serv
 	// reach the sockets of the running servers through the NOTIFY bus.
 	var bus events.Bus = events.NewLocalBus()
 	stopBus := func() {}
-	if db.Pool != nil {
+	if db.Caps().Listen {
 		pb := events.NewPGBus(db.Pool, "cli/"+uuid.NewString(), log)
 		if err := pb.Start(ctx); err != nil {
 			db.Close()

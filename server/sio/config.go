@@ -4,18 +4,26 @@ import (
 	"cmp"
 	"log/slog"
 	"time"
+
+	"github.com/zndraw/joblib/server/sio/engineio"
 )
 
-// Defaults applied by New to zero Config fields (see also the engineio
-// package's defaults).
+// Defaults applied by New to zero Config fields; the transport's are the
+// engineio package's (one source each). joblib's server.DefaultRealtimeConfig
+// is built from these.
 const (
-	DefaultPingInterval   = 25 * time.Second
-	DefaultPingTimeout    = 20 * time.Second
-	DefaultMaxPayload     = 1_000_000
-	DefaultConnectTimeout = 45 * time.Second
-	DefaultUpgradeTimeout = 10 * time.Second
-	DefaultSendQueue      = 1024
-	DefaultWriteTimeout   = 10 * time.Second
+	DefaultPingInterval = engineio.DefaultPingInterval
+	DefaultPingTimeout  = engineio.DefaultPingTimeout
+	DefaultMaxPayload   = engineio.DefaultMaxPayload
+	// DefaultConnectTimeout is 20 s: socket.io-client sends its CONNECT
+	// right after the Engine.IO handshake and abandons an attempt that has
+	// not connected within its own 20 s timeout, so a session without a
+	// CONNECT by then has no client waiting for it. (The Node server's
+	// default is 45 s; joblib's JOBLIB_SOCKET_CONNECT_TIMEOUT was 20 s.)
+	DefaultConnectTimeout = 20 * time.Second
+	DefaultUpgradeTimeout = engineio.DefaultUpgradeTimeout
+	DefaultSendQueue      = engineio.DefaultSendQueue
+	DefaultWriteTimeout   = engineio.DefaultWriteTimeout
 	DefaultMaxAttachments = 64
 	DefaultMaxEventBytes  = 10_000_000
 	DefaultMaxDepth       = 64
@@ -40,7 +48,7 @@ type Config struct {
 	// (default 1_000_000). Past it the session closes with "payload too large".
 	MaxPayload int64
 	// ConnectTimeout closes an Engine.IO session that is in no namespace
-	// within this time of opening (or of leaving its last one) (default 45s).
+	// within this time of opening (or of leaving its last one) (DefaultConnectTimeout).
 	ConnectTimeout time.Duration
 	// UpgradeTimeout bounds a polling→websocket upgrade (default 10s).
 	UpgradeTimeout time.Duration
