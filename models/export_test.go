@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
@@ -17,8 +18,6 @@ func (db *DB) ExecRaw(sql string, args ...any) error {
 // Statements exposed to the external tests that read their plans.
 var (
 	ClaimSQL       = claimSQL
-	UpdateBatchSQL = updateBatchSQL
-	UpdateOneSQL   = updateOneSQL
 	TaskSelectSQL  = taskSelect
 	TasksSelectSQL = tasksSelect
 	// EarliestDeadlineSQL is the idle sweep's read of task deadlines.
@@ -27,8 +26,16 @@ var (
 	NextRunAtSQL = nextRunAtSQL[Postgres]
 )
 
-// Args is the parameter list a HotNotify adds to a hot statement.
-func (h HotNotify) Args() []any { return h.args() }
+// ClaimArgs are ClaimSQL's arguments.
+func ClaimArgs(workerID, userID uuid.UUID, limit int, start bool, n HotNotify) pgx.NamedArgs {
+	return claimArgs(workerID, userID, limit, start, n)
+}
+
+// UpdateArgs are the arguments of UpdateOneSQL (one report) or
+// UpdateBatchSQL, and which of the two.
+func UpdateArgs(ups []HotUpdate, transitions []string, userID uuid.UUID, n HotNotify) (string, pgx.NamedArgs) {
+	return updateArgs(ups, transitions, userID, n)
+}
 
 // UUIDPlansDirect reports whether the pool's connections encode and scan
 // uuid.UUID with joblib's own plans, not through strings.

@@ -51,22 +51,48 @@ const hotStatusEvent = `json_build_object('id', u.id, 'name', j.room_id || ':' |
  'status', u.status, 'created_at', u.created_at, 'started_at', u.started_at, 'completed_at', u.completed_at,
  'queue_position', %[1]s, 'worker_id', u.worker_id, 'error', u.error)::text`
 
-// hotOutbox returns the CTEs that write the status event of each task of
-// base (the changed rows, with job j joined on) to the event outbox, and
-// the column saying whether it was written; parameters $n..$n+5 are the
-// HotNotify fields. The payload is built only when a channel is set.
-func hotOutbox(n int, base, qp string) (ctes, col string) {
-	payload := fmt.Sprintf("$%d || to_json($%d || u.room_id)::text || $%d || %s || $%d", n+1, n+4, n+2, fmt.Sprintf(hotStatusEvent, qp), n+3)
-	ctes = fmt.Sprintf(`, ev AS (
-	SELECT u.id, u.seq, %[2]s AS p FROM %[3]s u JOIN jobs j ON j.id = u.job_id WHERE $%[1]d <> ''
-), ob AS (
-	INSERT INTO joblib_event_outbox (payload) SELECT p FROM ev WHERE octet_length(p) < $%[4]d ORDER BY seq RETURNING 1
-)`, n, payload, base, n+5)
-	return ctes, fmt.Sprintf("COALESCE(octet_length(ev.p) < $%d, false)", n+5)
+// hotPayload is the NOTIFY payload of the status event of the changed task
+// u (with its job j), from the HotNotify arguments (see HotNotify.set).
+func hotPayload(qp string) string {
+	return `@prefix || to_json(@room_prefix || u.room_id)::text || @middle || ` + fmt.Sprintf(hotStatusEvent, qp) + ` || @suffix`
 }
 
-func (h HotNotify) args() []any {
-	return []any{h.Channel, h.Prefix, h.Middle, h.Suffix, h.RoomPrefix, h.MaxBytes}
+// hotOutbox is the CTEs that write the status event of each changed task u
+// (the CTE u, with job j joined on) to the event outbox; hotNotified is the
+// column saying whether it was written. The payload is built only when a
+// channel is set.
+const hotOutbox = `, ev AS (
+	SELECT u.id, u.seq, ` + "%s" + ` AS p FROM u u JOIN jobs j ON j.id = u.job_id WHERE @channel <> ''
+), ob AS (
+	INSERT INTO joblib_event_outbox (payload) SELECT p FROM ev WHERE octet_length(p) < @max_bytes ORDER BY seq RETURNING 1
+)`
+
+const hotNotified = "COALESCE(octet_length(ev.p) < @max_bytes, false)"
+
+// hotCounted is the CTE with which a hot statement keeps the task counts
+// itself, in place of the statement trigger on tasks (see migration 161):
+// the delta rows (status, d) of its changes, from the query in %s, with
+// columns status and d, one row per task and status. hotCountedCol, in the
+// statement's select list, then tells the trigger, which fires once the
+// statement's own work is done, that this statement's changes are counted:
+// a transaction-local setting the trigger resets, so that it skips this
+// statement only. The setting is evaluated only where the select list is,
+// i.e. only when the statement returns rows, and the trigger counts a
+// statement whose flag is not set as before: both or neither.
+const hotCounted = `, cnt AS (
+	INSERT INTO task_count_deltas (status, d)
+	SELECT status, sum(d) FROM (%s) c GROUP BY status HAVING sum(d) <> 0
+	RETURNING 1
+)`
+
+// hotCountedCol is the select list's expression that marks the statement
+// counted (see hotCounted); it is not read.
+const hotCountedCol = `(SELECT set_config('joblib.counted', 'on', true))`
+
+// set adds the HotNotify fields to a hot statement's named arguments.
+func (h HotNotify) set(a pgx.NamedArgs) pgx.NamedArgs {
+	a["channel"], a["prefix"], a["middle"], a["suffix"], a["room_prefix"], a["max_bytes"] = h.Channel, h.Prefix, h.Middle, h.Suffix, h.RoomPrefix, h.MaxBytes
+	return a
 }
 
 // HotTask is a task a hot statement changed, and whether its status event
@@ -83,11 +109,11 @@ func scanHotTask(row pgx.Rows) (HotTask, error) {
 		&t.JobRoom, &t.JobCategory, &t.JobName, &t.OnWorkerLoss, &t.MaxAttempts,
 		&t.TaskTimeout, &t.HeartbeatTimeout, &t.DeadlineAt, &t.ProgressCurrent, &t.ProgressTotal, &t.ProgressMessage, &t.ProgressAt, &t.OnTimeout,
 		&t.Priority, &t.RunAt, &t.Errors,
-		&t.QueuePosition, &t.Notified)
+		&t.QueuePosition, &t.Notified, nil)
 	return t, err
 }
 
-// claimSQL claims up to $3 tasks for worker $1 owned by user $2. The worker's
+// claimSQL claims up to @limit tasks for worker @worker owned by user @user. The worker's
 // jobs are taken in the order of their first claimable task (highest
 // priority, then oldest: one probe of tasks_ready_idx, which holds the
 // pending tasks that are not delayed, keyed (job_id, priority DESC, seq));
@@ -104,9 +130,9 @@ func scanHotTask(row pgx.Rows) (HotTask, error) {
 // cleanup of the worker either finished first or sees these claims. The
 // outer join returns one row with NULL task columns when nothing was
 // claimed; its first column is false when the worker does not exist or
-// belongs to someone else. With $10 the tasks go to running at once.
+// belongs to someone else. With @start the tasks go to running at once.
 var claimSQL = `WITH w AS (
-	SELECT id FROM workers WHERE id = $1 AND user_id = $2 FOR KEY SHARE
+	SELECT id FROM workers WHERE id = @worker AND user_id = @user FOR KEY SHARE
 ), heads AS (
 	SELECT l.job_id, hd.priority, hd.seq
 	FROM w JOIN worker_job_links l ON l.worker_id = w.id
@@ -119,23 +145,26 @@ var claimSQL = `WITH w AS (
 	CROSS JOIN LATERAL (
 		SELECT t.id FROM tasks t
 		WHERE t.job_id = h.job_id AND t.status = 'pending' AND NOT t.delayed
-		ORDER BY t.priority DESC, t.seq LIMIT $3
+		ORDER BY t.priority DESC, t.seq LIMIT @limit
 		FOR UPDATE OF t SKIP LOCKED
 	) c
-	LIMIT $3
+	LIMIT @limit
 ), u AS (
-	UPDATE tasks t SET status = CASE WHEN $10 THEN 'running' ELSE 'claimed' END, worker_id = $1, attempt = t.attempt + 1,
-		claimed_at = now(), started_at = CASE WHEN $10 THEN now() ELSE t.started_at END, updated_at = now(),
+	UPDATE tasks t SET status = CASE WHEN @start::boolean THEN 'running' ELSE 'claimed' END, worker_id = @worker, attempt = t.attempt + 1,
+		claimed_at = now(), started_at = CASE WHEN @start THEN now() ELSE t.started_at END, updated_at = now(),
 		deadline_at = now() + LEAST(t.task_timeout, t.heartbeat_timeout) * interval '1 second',
 		progress_current = NULL, progress_total = NULL, progress_message = NULL, progress_at = NULL
 	WHERE t.id = ANY(ARRAY(SELECT id FROM picked))
 	RETURNING t.*
-)` + claimOutbox + `
-SELECT EXISTS (SELECT 1 FROM w), ` + hotTaskCols + `, NULL::bigint AS qp, ` + claimNotified + `
+)` + fmt.Sprintf(hotOutbox, hotPayload("NULL")) + fmt.Sprintf(hotCounted, `SELECT 'pending' AS status, -1 AS d FROM u UNION ALL SELECT status, 1 FROM u`) + `
+SELECT EXISTS (SELECT 1 FROM w), ` + hotTaskCols + `, NULL::bigint AS qp, ` + hotNotified + `, ` + hotCountedCol + ` IS NULL
 FROM (SELECT 1) one LEFT JOIN (u LEFT JOIN jobs j ON j.id = u.job_id LEFT JOIN ev ON ev.id = u.id) ON true
 ORDER BY u.priority DESC, u.seq`
 
-var claimOutbox, claimNotified = hotOutbox(4, "u", "NULL")
+// claimArgs are claimSQL's arguments.
+func claimArgs(workerID, userID uuid.UUID, limit int, start bool, n HotNotify) pgx.NamedArgs {
+	return n.set(pgx.NamedArgs{"worker": workerID, "user": userID, "limit": limit, "start": start})
+}
 
 // ClaimTasksHot claims up to limit of the oldest pending tasks of the
 // worker's (non-internal) jobs in one statement, in seq order (with start,
@@ -146,7 +175,7 @@ func (db *DB) ClaimTasksHot(ctx context.Context, workerID, userID uuid.UUID, lim
 	if db.Pool == nil {
 		return false, nil, ErrNoHotPath
 	}
-	rows, err := db.Pool.Query(ctx, claimSQL, append(append([]any{workerID, userID, limit}, n.args()...), start)...)
+	rows, err := db.Pool.Query(ctx, claimSQL, claimArgs(workerID, userID, limit, start, n))
 	if err != nil {
 		return false, nil, fmt.Errorf("claim tasks: %w", mapErr(err))
 	}
@@ -167,7 +196,7 @@ func (db *DB) ClaimTasksHot(ctx context.Context, workerID, userID uuid.UUID, lim
 			&t.JobRoom, &t.JobCategory, &t.JobName, &t.OnWorkerLoss, &t.MaxAttempts,
 			&t.TaskTimeout, &t.HeartbeatTimeout, &t.DeadlineAt, &t.ProgressCurrent, &t.ProgressTotal, &t.ProgressMessage, &t.ProgressAt, &t.OnTimeout,
 			&priority, &t.RunAt, &t.Errors,
-			&t.QueuePosition, &t.Notified)
+			&t.QueuePosition, &t.Notified, nil)
 		if err != nil {
 			return false, nil, fmt.Errorf("claim tasks: %w", err)
 		}
@@ -186,40 +215,40 @@ func (db *DB) ClaimTasksHot(ctx context.Context, workerID, userID uuid.UUID, lim
 	return owned, ts, nil
 }
 
-// submitSQL adds a pending task to the live, non-internal job $1:$2:$3 (held
-// in key share, so the orphan rule cannot retire it meanwhile) when its
-// creator $6 has fewer than $18 pending tasks ($18 = 0: no quota; the
-// caller holds the user's quota lock, see SubmitTaskHot). The queue
-// position counts the pending tasks ahead of it over the index (the new row
-// is not in the statement's snapshot: hence the 1 +). Besides the status
-// event it writes task_available for the job's workers to the outbox (both
-// or neither): parameters $8..$13 are the status event's HotNotify,
-// $14..$17 the task_available frame (prefix, middle, suffix, job room
-// prefix); $19 is the submission's own task_timeout (NULL: the job's).
+// submitSQL adds a pending task to the live, non-internal job
+// @room:@category:@name (held in key share, so the orphan rule cannot retire
+// it meanwhile) when its creator has fewer than @quota pending tasks
+// (@quota = 0: no quota; the caller holds the user's quota lock, see
+// SubmitTaskHot). The queue position counts the pending tasks ahead of it
+// over the index (the new row is not in the statement's snapshot: hence
+// the 1 +). Besides the status event (HotNotify's arguments) it writes
+// task_available for the job's workers to the outbox (both or neither):
+// @av_prefix, @av_middle, @av_suffix and @av_room_prefix are its frame.
+// @timeout is the submission's own task_timeout (NULL: the job's).
 // It adds priority 0 tasks that are claimable at once only (a submission
 // with a priority or a delay takes the general path): its position counts
 // the claimable tasks of a higher priority and those of priority 0 before it.
 var submitSQL = `WITH jj AS (
-	SELECT id, task_timeout, heartbeat_timeout FROM jobs WHERE room_id = $1 AND category = $2 AND name = $3 AND deleted = false AND room_id <> '@internal'
-		AND ($18 = 0 OR (SELECT count(*) FROM (SELECT 1 FROM tasks q WHERE q.created_by_id = $6 AND q.status = 'pending' LIMIT $18) c) < $18)
+	SELECT id, task_timeout, heartbeat_timeout FROM jobs WHERE room_id = @room AND category = @category AND name = @name AND deleted = false AND room_id <> '@internal'
+		AND (@quota = 0 OR (SELECT count(*) FROM (SELECT 1 FROM tasks q WHERE q.created_by_id = @created_by AND q.status = 'pending' LIMIT @quota) c) < @quota)
 	FOR KEY SHARE
 ), u AS (
 	INSERT INTO tasks (id, job_id, room_id, created_by_id, payload, status, created_at, updated_at, task_timeout, heartbeat_timeout)
-	SELECT $4, jj.id, $5, $6, $7, 'pending', now(), now(), COALESCE($19::integer, jj.task_timeout), jj.heartbeat_timeout FROM jj
+	SELECT @id, jj.id, @target_room, @created_by, @payload, 'pending', now(), now(), COALESCE(@timeout::integer, jj.task_timeout), jj.heartbeat_timeout FROM jj
 	RETURNING *
 ), v AS (
 	SELECT u.*, 1 + (SELECT count(*) FROM tasks p WHERE p.job_id = u.job_id AND p.status = 'pending' AND NOT p.delayed AND p.priority = 0 AND p.seq < u.seq)
 		+ (SELECT count(*) FROM tasks p WHERE p.job_id = u.job_id AND p.status = 'pending' AND NOT p.delayed AND p.priority > 0) AS position FROM u
 ), ev AS (
-	SELECT u.id, $9 || to_json($12 || u.room_id)::text || $10 || ` + fmt.Sprintf(hotStatusEvent, "u.position") + ` || $11 AS p,
-		$14 || to_json($17 || j.room_id || ':' || j.category || ':' || j.name)::text || $15 ||
-		json_build_object('job_name', j.room_id || ':' || j.category || ':' || j.name, 'room_id', u.room_id, 'task_id', u.id)::text || $16 AS a
-	FROM v u JOIN jobs j ON j.id = u.job_id WHERE $8 <> ''
+	SELECT u.id, ` + hotPayload("u.position") + ` AS p,
+		@av_prefix || to_json(@av_room_prefix || j.room_id || ':' || j.category || ':' || j.name)::text || @av_middle ||
+		json_build_object('job_name', j.room_id || ':' || j.category || ':' || j.name, 'room_id', u.room_id, 'task_id', u.id)::text || @av_suffix AS a
+	FROM v u JOIN jobs j ON j.id = u.job_id WHERE @channel <> ''
 ), ob AS (
 	INSERT INTO joblib_event_outbox (payload)
-	SELECT unnest(ARRAY[p, a]) FROM ev WHERE octet_length(p) < $13 AND octet_length(a) < $13 RETURNING 1
-)
-SELECT ` + hotTaskCols + `, u.position, COALESCE(octet_length(ev.p) < $13 AND octet_length(ev.a) < $13, false)
+	SELECT unnest(ARRAY[p, a]) FROM ev WHERE octet_length(p) < @max_bytes AND octet_length(a) < @max_bytes RETURNING 1
+)` + fmt.Sprintf(hotCounted, `SELECT status, 1 AS d FROM u`) + `
+SELECT ` + hotTaskCols + `, u.position, COALESCE(octet_length(ev.p) < @max_bytes AND octet_length(ev.a) < @max_bytes, false), ` + hotCountedCol + ` IS NULL
 FROM v u JOIN jobs j ON j.id = u.job_id LEFT JOIN ev ON ev.id = u.id`
 
 // AvailableFrame is the frame of the task_available event a submission
@@ -247,8 +276,9 @@ func (db *DB) SubmitTaskHot(ctx context.Context, id uuid.UUID, room, category, n
 	if db.Pool == nil {
 		return HotTask{}, false, ErrNoHotPath
 	}
-	args := append([]any{room, category, name, id, targetRoom, createdBy, payload}, n.args()...)
-	args = append(args, a.Prefix, a.Middle, a.Suffix, a.JobRoomPrefix, quota, timeout)
+	args := n.set(pgx.NamedArgs{"room": room, "category": category, "name": name, "id": id, "target_room": targetRoom,
+		"created_by": createdBy, "payload": payload, "quota": quota, "timeout": timeout,
+		"av_prefix": a.Prefix, "av_middle": a.Middle, "av_suffix": a.Suffix, "av_room_prefix": a.JobRoomPrefix})
 	var t HotTask
 	ok := false
 	scan := func(rows pgx.Rows) error {
@@ -265,11 +295,11 @@ func (db *DB) SubmitTaskHot(ctx context.Context, id uuid.UUID, room, category, n
 	if quota > 0 {
 		var b pgx.Batch
 		b.Queue(lockUserSQL, createdBy)
-		b.Queue(submitSQL, args...).Query(scan)
+		b.Queue(submitSQL, args).Query(scan)
 		err = db.Pool.SendBatch(ctx, &b).Close()
 	} else {
 		var rows pgx.Rows
-		if rows, err = db.Pool.Query(ctx, submitSQL, args...); err == nil {
+		if rows, err = db.Pool.Query(ctx, submitSQL, args); err == nil {
 			err = scan(rows)
 			rows.Close()
 		}
@@ -321,8 +351,9 @@ type HotUpdate struct {
 }
 
 // updateSQL applies status reports, the rows of b (id, status, err, result),
-// to the tasks that are in a state each may come from ($6 lists the allowed
-// from/to pairs as "from>to"), held by a worker of user $5, and not the late
+// to the tasks that are in a state each may come from (@transitions lists
+// the allowed from/to pairs as "from>to"), held by a worker of user @user,
+// and not the late
 // report of a worker a cleanup took them from: the rules of the general
 // path, in one statement (a task past its deadline takes no report: the
 // sweeper times it out). A report that matches no such task changes nothing
@@ -344,30 +375,50 @@ func updateSQL(b, key string) string {
 		completed_at = CASE WHEN b.status IN ('completed', 'failed', 'cancelled') THEN now() ELSE t.completed_at END,
 		error = CASE WHEN b.err <> '' THEN b.err ELSE t.error END,
 		result = COALESCE(b.result, t.result)
-	FROM b
-	WHERE ` + key + ` AND t.id = b.id AND (t.status || '>' || b.status) = ANY($6::text[])
+	FROM b JOIN tasks o ON o.id = b.id -- o: the task as the statement's snapshot saw it
+	WHERE ` + key + ` AND t.id = b.id AND (t.status || '>' || b.status) = ANY(@transitions::text[])
+		AND t.status = o.status -- so that o.status is the status this update changed (a concurrent change fails it)
 		AND (t.lost_worker_id IS NULL OR t.worker_id <> t.lost_worker_id)
 		AND (t.deadline_at IS NULL OR t.deadline_at > now()) -- a task past its deadline takes no report
-		AND EXISTS (SELECT 1 FROM workers w WHERE w.id = t.worker_id AND w.user_id = $5 OFFSET 0)
+		AND EXISTS (SELECT 1 FROM workers w WHERE w.id = t.worker_id AND w.user_id = @user OFFSET 0)
 		-- a failure of a job that retries takes the general path (backoff, errors kept)
 		AND (b.status <> 'failed' OR NOT EXISTS (SELECT 1 FROM jobs rj WHERE rj.id = t.job_id AND rj.retry_backoff IS NOT NULL OFFSET 0))
-	RETURNING t.*
-)` + updateOutbox + `
-SELECT ` + hotTaskCols + `, NULL::bigint AS qp, ` + updateNotified + `
+	RETURNING t.*, o.status AS old_status
+)` + fmt.Sprintf(hotOutbox, hotPayload("NULL")) + fmt.Sprintf(hotCounted, `SELECT old_status AS status, -1 AS d FROM u UNION ALL SELECT status, 1 FROM u`) + `
+SELECT ` + hotTaskCols + `, NULL::bigint AS qp, ` + hotNotified + `, ` + hotCountedCol + ` IS NULL
 FROM u LEFT JOIN jobs j ON j.id = u.job_id LEFT JOIN ev ON ev.id = u.id
 ORDER BY u.seq`
 }
 
-var updateOutbox, updateNotified = hotOutbox(7, "u", "NULL")
+// updateOneSQL is one report (@id, @status, @err, @result): a key
+// equality, whose generic plan PostgreSQL keeps (the batch form over arrays
+// is planned anew at every execution, which costs a single report more
+// than running it).
+var updateOneSQL = updateSQL(`SELECT @id::uuid AS id, @status::text AS status, @err::text AS err, @result::text AS result`, "t.id = @id")
 
-// updateOneSQL is one report ($1..$4 the task id, status, error, result): a
-// key equality, whose generic plan PostgreSQL keeps (the batch form over
-// arrays is planned anew at every execution, which costs a single report
-// more than running it).
-var updateOneSQL = updateSQL(`SELECT $1::uuid AS id, $2::text AS status, $3::text AS err, $4::text AS result`, "t.id = $1")
+// updateBatchSQL is many reports: @ids, @statuses, @errs and @results are
+// parallel arrays.
+var updateBatchSQL = updateSQL(`SELECT * FROM unnest(@ids::uuid[], @statuses::text[], @errs::text[], @results::text[]) AS b(id, status, err, result)`, "t.id = ANY(@ids::uuid[])")
 
-// updateBatchSQL is many reports, $1..$4 parallel arrays.
-var updateBatchSQL = updateSQL(`SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[]) AS b(id, status, err, result)`, "t.id = ANY($1::uuid[])")
+// updateArgs are the arguments of updateOneSQL (one report) or
+// updateBatchSQL (several, which must be in id order), and which of the two.
+func updateArgs(ups []HotUpdate, transitions []string, userID uuid.UUID, n HotNotify) (string, pgx.NamedArgs) {
+	a := n.set(pgx.NamedArgs{"user": userID, "transitions": transitions})
+	if len(ups) == 1 {
+		u := ups[0]
+		a["id"], a["status"], a["err"], a["result"] = u.ID, u.Status, u.Error, u.Result
+		return updateOneSQL, a
+	}
+	ids := make([]uuid.UUID, len(ups))
+	statuses := make([]string, len(ups))
+	errs := make([]string, len(ups))
+	results := make([]*string, len(ups))
+	for i, u := range ups {
+		ids[i], statuses[i], errs[i], results[i] = u.ID, u.Status, u.Error, u.Result
+	}
+	a["ids"], a["statuses"], a["errs"], a["results"] = ids, statuses, errs, results
+	return updateBatchSQL, a
+}
 
 // UpdateTasksHot applies status reports by user's workers in one statement
 // and returns the tasks it changed (in seq order; the reports
@@ -380,23 +431,11 @@ func (db *DB) UpdateTasksHot(ctx context.Context, ups []HotUpdate, transitions [
 	if db.Pool == nil {
 		return nil, ErrNoHotPath
 	}
-	var sql string
-	var args []any
-	if len(ups) == 1 {
-		u := ups[0]
-		sql, args = updateOneSQL, []any{u.ID, u.Status, u.Error, u.Result}
-	} else {
+	if len(ups) > 1 {
 		ups = slices.SortedFunc(slices.Values(ups), func(a, b HotUpdate) int { return bytes.Compare(a.ID[:], b.ID[:]) })
-		ids := make([]uuid.UUID, len(ups))
-		statuses := make([]string, len(ups))
-		errs := make([]string, len(ups))
-		results := make([]*string, len(ups))
-		for i, u := range ups {
-			ids[i], statuses[i], errs[i], results[i] = u.ID, u.Status, u.Error, u.Result
-		}
-		sql, args = updateBatchSQL, []any{ids, statuses, errs, results}
 	}
-	rows, err := db.Pool.Query(ctx, sql, append(append(args, userID, transitions), n.args()...)...)
+	sql, args := updateArgs(ups, transitions, userID, n)
+	rows, err := db.Pool.Query(ctx, sql, args)
 	if retryable(err) {
 		return nil, nil // a deadlock victim changed nothing: the general path retries each
 	}

@@ -36,9 +36,13 @@ const outboxLockSQL = "SELECT pg_advisory_xact_lock(hashtext('joblib:outbox'), h
 
 // relaySQL deletes up to $2 of the oldest committed outbox rows and sends
 // each with pg_notify on channel $1, in id order (the sort sits under the
-// aggregate, so the notifications are queued in that order).
+// aggregate, so the notifications are queued in that order). The rows are
+// found by their keys, as an array: joined on the subquery (id IN (…)), the
+// generic plan PostgreSQL caches after five executions hashed a sequential
+// scan of the table, whose dead rows (every event sent since the last
+// vacuum, up to a minute of them) outnumber the live ones by far.
 const relaySQL = `WITH d AS (
-	DELETE FROM joblib_event_outbox WHERE id IN (SELECT id FROM joblib_event_outbox ORDER BY id LIMIT $2)
+	DELETE FROM joblib_event_outbox WHERE id = ANY(ARRAY(SELECT id FROM joblib_event_outbox ORDER BY id LIMIT $2))
 	RETURNING id, payload
 )
 SELECT count(pg_notify($1, s.payload)) FROM (SELECT id, payload FROM d ORDER BY id) s`

@@ -193,7 +193,7 @@ func TestPlansAtScale(t *testing.T) {
 		}{{"custom plan", explain}, {"generic plan", explainGeneric}} {
 			for _, limit := range []int{1, 10} {
 				for _, start := range []bool{false, true} {
-					p := plan.explain(t, db, models.ClaimSQL, append(append([]any{worker, user, limit}, models.HotNotify{}.Args()...), start)...)
+					p := plan.explain(t, db, models.ClaimSQL, models.ClaimArgs(worker, user, limit, start, models.HotNotify{}))
 					rows, sorts, seq := tasksRead(p)
 					if rows > float64(10*limit+10) || sorts > 0 || seq > 0 {
 						t.Errorf("claim of %d (start %v) %s, %s: reads %.0f task rows (%d sorts, %d seq scans):\n%s", limit, start, stats, plan.name, rows, sorts, seq, p)
@@ -203,15 +203,12 @@ func TestPlansAtScale(t *testing.T) {
 			// A report of one held task, and a batch of ten, read each by its
 			// key, not the worker's history.
 			for _, n := range []int{1, len(held)} {
-				statuses, errs, results := make([]string, n), make([]string, n), make([]*string, n)
+				ups := make([]models.HotUpdate, n)
 				for i := range n {
-					statuses[i] = "completed"
+					ups[i] = models.HotUpdate{ID: held[i], Status: "completed"}
 				}
-				sql, args := models.UpdateBatchSQL, []any{held[:n], statuses, errs, results}
-				if n == 1 {
-					sql, args = models.UpdateOneSQL, []any{held[0], statuses[0], errs[0], results[0]}
-				}
-				up := plan.explain(t, db, sql, append(append(args, user, []string{"running>completed"}), models.HotNotify{}.Args()...)...)
+				sql, args := models.UpdateArgs(ups, []string{"running>completed"}, user, models.HotNotify{})
+				up := plan.explain(t, db, sql, args)
 				if rows, sorts, seq := tasksRead(up); rows < float64(n) || rows > 3*float64(n) || sorts > 0 || seq > 0 {
 					t.Errorf("report of %d %s, %s: reads %.0f task rows (%d sorts, %d seq scans):\n%s", n, stats, plan.name, rows, sorts, seq, up)
 				}

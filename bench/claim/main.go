@@ -23,6 +23,19 @@
 // /proc; the whole machine), then the ratio joblib/raw. -bus pg adds the NOTIFY
 // that serve sends to other nodes; -raw-notify puts one in each raw statement.
 //
+// On PostgreSQL one more line compares the database's work per task:
+// "postgres backend cpu/task" is the utime+stime (from /proc/<pid>/stat,
+// read before and after each round) of every backend serving the system's
+// connections (joblib: its statements, the outbox relay and the LISTEN
+// connection of every node; the raw loop: its pool), for joblib and the raw
+// loop and their ratio. PostgreSQL's own processes (WAL writer,
+// checkpointer, background writer, autovacuum) are not in it: they serve
+// every client of the server, other sessions included, and are printed
+// apart as "auxiliary processes", the CPU they used while that system's
+// rounds ran. -nodes N runs joblib as N nodes on the one database (each its
+// own pool, event bus, relay and HTTP server); worker i and submitter i use
+// node i mod N.
+//
 //	go run ./bench/claim -db postgres://postgres@127.0.0.1:5432/test -workers 8 -tasks 2000 -rounds 3
 //	go run ./bench/claim -workers 8 -tasks 2000        # SQLite in a temp dir (joblib only)
 package main
@@ -68,6 +81,7 @@ type options struct {
 	setupSQL               string
 	params                 string
 	floor                  bool
+	nodes                  int
 	flow                   string
 	start                  bool
 	progressRate           int
@@ -89,6 +103,7 @@ func main() {
 	flag.StringVar(&o.flow, "flow", "contract", "how joblib's workers report: contract (PATCH running and PATCH completed per task), batch (POST /tasks/update-batch per claimed batch and status), socket (claim_tasks and update_tasks over each worker's Socket.IO connection, no HTTP)")
 	flag.BoolVar(&o.start, "start", false, "with -flow batch or socket: claims start the tasks (running at once), so workers report only completed")
 	flag.IntVar(&o.progressRate, "progress-rate", 0, "joblib: another worker reports this many task progresses per second (PATCH {\"progress\"}) on 100 tasks it holds while the workers claim and report")
+	flag.IntVar(&o.nodes, "nodes", 1, "PostgreSQL: joblib nodes on the one database, each with its own pool, event bus, relay and HTTP server; worker i and submitter i use node i mod N")
 	flag.IntVar(&o.priorities, "priorities", 0, "joblib: submit the tasks in this many priorities (0..n-1, mixed), so that claims take them by priority")
 	flag.BoolVar(&o.floor, "floor", false, "PostgreSQL: also run the HTTP floor, the contract's three requests per task to a server that runs only the raw loop's statements")
 	flag.Parse()
@@ -105,8 +120,12 @@ type result struct {
 	// the pgx client for the raw loop), machine the whole machine's busy
 	// CPU time (PostgreSQL's backends included, and any other load).
 	proc, machine time.Duration
-	// pg is the CPU time of the PostgreSQL backends serving this system.
-	pg         time.Duration
+	// pg is the CPU time of the PostgreSQL backends serving this system
+	// (every connection of its pools: statements, the relay, the LISTEN
+	// connection); aux that of PostgreSQL's own processes (WAL writer,
+	// checkpointer, background writer, autovacuum) while the round ran,
+	// which serve whatever else uses the server too.
+	pg, aux    time.Duration
 	claims     []time.Duration
 	statements int64
 	tasks      int
@@ -117,6 +136,9 @@ func run(ctx context.Context, o options) error {
 	case "contract", "batch", "socket":
 	default:
 		return fmt.Errorf("-flow %q: want contract, batch or socket", o.flow)
+	}
+	if o.nodes < 1 || (o.nodes > 1 && o.db == "") {
+		return fmt.Errorf("-nodes %d: want 1, or more on PostgreSQL (-db)", o.nodes)
 	}
 	if o.start && o.flow == "contract" {
 		return fmt.Errorf("-start needs -flow batch or socket (the contract's claim has no start)")
@@ -154,7 +176,7 @@ func run(ctx context.Context, o options) error {
 			return fmt.Errorf("setup-sql: %w", err)
 		}
 	}
-	jb, err := newJoblibBench(ctx, db, &statements, o)
+	jb, err := newJoblibBench(ctx, db, jurl, &statements, o)
 	if err != nil {
 		return err
 	}
@@ -214,7 +236,10 @@ func run(ctx context.Context, o options) error {
 	if o.progressRate > 0 {
 		label += fmt.Sprintf("-progress%d", o.progressRate)
 	}
-	fmt.Printf("database=%s workers=%d tasks/round=%d rounds=%d\n", db.Dialect(), o.workers, o.tasks, o.rounds)
+	if o.nodes > 1 {
+		label += fmt.Sprintf("-nodes%d", o.nodes)
+	}
+	fmt.Printf("database=%s workers=%d tasks/round=%d rounds=%d nodes=%d\n", db.Dialect(), o.workers, o.tasks, o.rounds, o.nodes)
 	jt := summary(label, jrs, db.Dialect() == models.Postgres)
 	if rb != nil {
 		name := "raw"
@@ -222,6 +247,13 @@ func run(ctx context.Context, o options) error {
 			name = "raw+notify"
 		}
 		rt := summary(name, rrs, true)
+		jpg, jaux := pgPerTask(jrs)
+		rpg, raux := pgPerTask(rrs)
+		fmt.Printf("postgres backend cpu/task: joblib=%.0fµs raw=%.0fµs ratio=%.2f (per round:", jpg, rpg, jpg/rpg)
+		for i := range jrs {
+			fmt.Printf(" %.2f", pgRatio(jrs[i], rrs[i]))
+		}
+		fmt.Printf(") auxiliary processes/task: joblib=%.0fµs raw=%.0fµs\n", jaux, raux)
 		fmt.Printf("ratio joblib/raw=%.2f (per round:", jt/rt)
 		for i := range jrs {
 			fmt.Printf(" %.2f", rate(jrs[i])/rate(rrs[i]))
@@ -240,6 +272,21 @@ func run(ctx context.Context, o options) error {
 }
 
 func rate(r result) float64 { return float64(r.tasks) / r.elapsed.Seconds() }
+
+// pgPerTask is the PostgreSQL CPU per task over rounds, in µs: of the
+// system's backends, and of the server's auxiliary processes.
+func pgPerTask(rs []result) (backends, aux float64) {
+	var pg, ax time.Duration
+	var tasks int
+	for _, r := range rs {
+		pg, ax, tasks = pg+r.pg, ax+r.aux, tasks+r.tasks
+	}
+	return float64(pg.Microseconds()) / float64(tasks), float64(ax.Microseconds()) / float64(tasks)
+}
+
+func pgRatio(a, b result) float64 {
+	return (float64(a.pg) / float64(a.tasks)) / (float64(b.pg) / float64(b.tasks))
+}
 
 // summary prints one system's line and returns its median tasks/s.
 func summary(name string, rs []result, counted bool) float64 {
@@ -280,14 +327,14 @@ func pct(s []time.Duration, p float64) time.Duration {
 	return s[min(len(s)-1, int(float64(len(s))*p))].Round(10 * time.Microsecond)
 }
 
-// joblibBench drives an in-process joblib server over HTTP.
+// joblibBench drives in-process joblib servers (one per -nodes) over HTTP.
 type joblibBench struct {
-	o          options
-	svc        *joblib.Service
-	srv        *httptest.Server
+	o     options
+	nodes []*benchNode
+	// c is node 0's client, cs[i] worker i's (its node's).
 	c          *client
+	cs         []*client
 	wids       []string
-	rt         *server.Realtime
 	socks      []*benchSocket // -flow socket: one per worker
 	statements *atomic.Int64
 	// held are the tasks -progress-rate reports progress on.
@@ -297,41 +344,52 @@ type joblibBench struct {
 	prof *os.File
 }
 
-func newJoblibBench(ctx context.Context, db *models.DB, statements *atomic.Int64, o options) (*joblibBench, error) {
-	cfg := joblib.Config{DB: db, Settings: joblib.DefaultSettings()}
-	// Submissions fill the queue before each timed phase: no rate limit.
-	cfg.Settings.SubmitRate = 0
-	cfg.Settings.NotifyAfterCommit = o.notifyAfterCommit
-	if db.Dialect() == models.Postgres && o.bus == "pg" {
-		// As deployed: events reach other nodes by NOTIFY.
-		bus := events.NewPGBus(db.Pool, "bench", nil)
-		if err := bus.Start(ctx); err != nil {
+// benchNode is one joblib node: its pool, service, event bus and HTTP server.
+type benchNode struct {
+	db  *models.DB // nil for node 0, whose database run closes
+	svc *joblib.Service
+	srv *httptest.Server
+	rt  *server.Realtime
+	c   *client
+}
+
+func newJoblibBench(ctx context.Context, db *models.DB, url string, statements *atomic.Int64, o options) (*joblibBench, error) {
+	b := &joblibBench{o: o, statements: statements}
+	token := ""
+	for i := range o.nodes {
+		ndb := db
+		if i > 0 {
+			var err error
+			if ndb, err = models.Open(ctx, url, models.OpenOptions{MaxConns: 32, Statements: statements}); err != nil {
+				b.close()
+				return nil, err
+			}
+		}
+		n, err := newBenchNode(ctx, ndb, i, &token, o)
+		if i > 0 {
+			n.db = ndb
+		}
+		if err != nil {
+			if i > 0 {
+				ndb.Close()
+			}
+			b.close()
 			return nil, err
 		}
-		cfg.Bus = bus
+		b.nodes = append(b.nodes, n)
 	}
-	svc := joblib.New(cfg)
-	// A normal user: the contract's owner checks run on every request.
-	token, _, err := svc.CreateToken(ctx, "bench", false)
-	if err != nil {
-		return nil, err
-	}
-	api := server.New(svc, server.DefaultConfig(), nil)
-	rt := api.NewRealtime(server.DefaultRealtimeConfig(), nil)
-	api.Handle("/socket.io/", rt)
-	_ = rt.Start(context.Background())
-	srv := httptest.NewServer(api.Handler())
-	c := &client{base: srv.URL + "/v1/joblib", token: token, http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: o.workers * 2}}}
-	b := &joblibBench{o: o, svc: svc, srv: srv, rt: rt, c: c, statements: statements}
-	for range o.workers {
+	b.c = b.nodes[0].c
+	for w := range o.workers {
+		n := b.nodes[w%len(b.nodes)]
+		b.cs = append(b.cs, n.c)
 		var job map[string]any
-		if err := c.do("PUT", "/rooms/bench/jobs", map[string]any{"category": "modifiers", "name": "Bench"}, &job); err != nil {
+		if err := n.c.do("PUT", "/rooms/bench/jobs", map[string]any{"category": "modifiers", "name": "Bench"}, &job); err != nil {
 			b.close()
 			return nil, err
 		}
 		b.wids = append(b.wids, job["worker_id"].(string))
 		if o.flow == "socket" {
-			so, err := dialBenchSocket(ctx, srv.URL, token)
+			so, err := dialBenchSocket(ctx, n.srv.URL, token)
 			if err != nil {
 				b.close()
 				return nil, err
@@ -346,6 +404,43 @@ func newJoblibBench(ctx context.Context, db *models.DB, statements *atomic.Int64
 		}
 	}
 	return b, nil
+}
+
+// newBenchNode starts node i on db; node 0 creates the normal user's token
+// (*token), which every node then uses.
+func newBenchNode(ctx context.Context, db *models.DB, i int, token *string, o options) (*benchNode, error) {
+	cfg := joblib.Config{DB: db, Settings: joblib.DefaultSettings()}
+	// Submissions fill the queue before each timed phase: no rate limit.
+	cfg.Settings.SubmitRate = 0
+	cfg.Settings.NotifyAfterCommit = o.notifyAfterCommit
+	if db.Dialect() == models.Postgres && o.bus == "pg" {
+		// As deployed: events reach other nodes by NOTIFY.
+		bus := events.NewPGBus(db.Pool, fmt.Sprintf("bench%d", i), nil)
+		if err := bus.Start(ctx); err != nil {
+			return nil, err
+		}
+		cfg.Bus = bus
+	}
+	svc := joblib.New(cfg)
+	if *token == "" {
+		// A normal user: the contract's owner checks run on every request.
+		t, _, err := svc.CreateToken(ctx, "bench", false)
+		if err != nil {
+			svc.Close()
+			return nil, err
+		}
+		*token = t
+	}
+	api := server.New(svc, server.DefaultConfig(), nil)
+	rt := api.NewRealtime(server.DefaultRealtimeConfig(), nil)
+	api.Handle("/socket.io/", rt)
+	if err := rt.Start(ctx); err != nil {
+		svc.Close()
+		return nil, err
+	}
+	srv := httptest.NewServer(api.Handler())
+	c := &client{base: srv.URL + "/v1/joblib", token: *token, http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: o.workers * 2}}}
+	return &benchNode{svc: svc, srv: srv, rt: rt, c: c}, nil
 }
 
 // holdTasks makes another worker hold 100 running tasks of its own job, for
@@ -414,15 +509,24 @@ func (b *joblibBench) close() {
 	for _, so := range b.socks {
 		so.close()
 	}
+	for _, n := range b.nodes {
+		n.close()
+	}
+}
+
+func (n *benchNode) close() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := b.rt.Shutdown(ctx); err != nil {
+	if err := n.rt.Shutdown(ctx); err != nil {
 		log.Printf("shutdown realtime: %v", err)
 	}
-	b.srv.Close()
-	b.svc.Close()
-	if pb, ok := b.svc.Bus().(*events.PGBus); ok {
+	n.srv.Close()
+	n.svc.Close()
+	if pb, ok := n.svc.Bus().(*events.PGBus); ok {
 		pb.Stop()
+	}
+	if n.db != nil {
+		n.db.Close()
 	}
 }
 
@@ -432,12 +536,13 @@ func (b *joblibBench) round(ctx context.Context) (result, error) {
 	var failed atomic.Value
 	for s := range submitters {
 		wg.Go(func() {
+			c := b.nodes[s%len(b.nodes)].c
 			for i := s; i < b.o.tasks; i += submitters {
 				body := map[string]any{"payload": map[string]any{"i": i}}
 				if b.o.priorities > 0 {
 					body["priority"] = i % b.o.priorities
 				}
-				if err := b.c.do("POST", "/rooms/bench/tasks/bench:modifiers:Bench", body, nil); err != nil {
+				if err := c.do("POST", "/rooms/bench/tasks/bench:modifiers:Bench", body, nil); err != nil {
 					failed.Store(err)
 					return
 				}
@@ -454,7 +559,7 @@ func (b *joblibBench) round(ctx context.Context) (result, error) {
 		}
 	}
 	s0 := b.statements.Load()
-	c0, p0 := sampleCPU(), backendCPU(ctx, "j")
+	c0, p0, a0 := sampleCPU(), backendCPU(ctx, "j"), auxCPU(ctx)
 	start := time.Now()
 	var progressDone func() (int64, error)
 	stopProgress := make(chan struct{})
@@ -472,7 +577,7 @@ func (b *joblibBench) round(ctx context.Context) (result, error) {
 		fmt.Printf("  progress reports: %d (%.0f/s)\n", n, float64(n)/r.elapsed.Seconds())
 	}
 	r.proc, r.machine = sampleCPU().since(c0)
-	r.pg = backendCPU(ctx, "j").since(p0)
+	r.pg, r.aux = backendCPU(ctx, "j").since(p0), auxCPU(ctx).since(a0)
 	if b.prof != nil {
 		pprof.StopCPUProfile()
 		b.prof = nil
@@ -560,12 +665,12 @@ func (b *joblibBench) claim(w int) ([]string, error) {
 		}
 		return ids(out.Tasks), nil
 	case b.o.batch > 1 || b.o.flow != "contract":
-		if err := b.c.do("POST", "/tasks/claim-batch", map[string]any{"worker_id": b.wids[w], "limit": b.o.batch, "start": b.o.start}, &out); err != nil {
+		if err := b.cs[w].do("POST", "/tasks/claim-batch", map[string]any{"worker_id": b.wids[w], "limit": b.o.batch, "start": b.o.start}, &out); err != nil {
 			return nil, err
 		}
 		return ids(out.Tasks), nil
 	}
-	if err := b.c.do("POST", "/tasks/claim", map[string]any{"worker_id": b.wids[w]}, &out); err != nil {
+	if err := b.cs[w].do("POST", "/tasks/claim", map[string]any{"worker_id": b.wids[w]}, &out); err != nil {
 		return nil, err
 	}
 	if out.Task == nil {
@@ -580,7 +685,7 @@ func (b *joblibBench) report(w int, ids []string, status string) error {
 		return nil // the claim started them
 	}
 	if b.o.flow == "contract" {
-		return patchEach(b.c)(w, ids, status)
+		return patchEach(b.cs[w])(w, ids, status)
 	}
 	ups := make([]map[string]any, len(ids))
 	for i, id := range ids {
@@ -596,7 +701,7 @@ func (b *joblibBench) report(w int, ids []string, status string) error {
 	if b.o.flow == "socket" {
 		err = b.socks[w].call("update_tasks", body, &out)
 	} else {
-		err = b.c.do("POST", "/tasks/update-batch", body, &out)
+		err = b.cs[w].do("POST", "/tasks/update-batch", body, &out)
 	}
 	if err != nil {
 		return err
@@ -668,7 +773,7 @@ func (b *rawBench) round(ctx context.Context) (result, error) {
 	var failed atomic.Value
 	var wg sync.WaitGroup
 	s0 := b.statements.Load()
-	c0, p0 := sampleCPU(), backendCPU(ctx, "r")
+	c0, p0, a0 := sampleCPU(), backendCPU(ctx, "r"), auxCPU(ctx)
 	start := time.Now()
 	for w := range b.o.workers {
 		wg.Go(func() {
@@ -694,7 +799,7 @@ func (b *rawBench) round(ctx context.Context) (result, error) {
 	wg.Wait()
 	r := result{elapsed: time.Since(start), claims: slices.Concat(lat...), statements: b.statements.Load() - s0}
 	r.proc, r.machine = sampleCPU().since(c0)
-	r.pg = backendCPU(ctx, "r").since(p0)
+	r.pg, r.aux = backendCPU(ctx, "r").since(p0), auxCPU(ctx).since(a0)
 	if err, _ := failed.Load().(error); err != nil {
 		return result{}, err
 	}
@@ -780,7 +885,7 @@ func (b *floorBench) round(ctx context.Context) (result, error) {
 		return result{}, fmt.Errorf("fill floor_tasks: %w", err)
 	}
 	s0 := b.statements.Load()
-	c0, p0 := sampleCPU(), backendCPU(ctx, "f")
+	c0, p0, a0 := sampleCPU(), backendCPU(ctx, "f"), auxCPU(ctx)
 	start := time.Now()
 	claims, tasks, err := workLoop(b.o.workers, func(w int) ([]string, error) {
 		var out struct {
@@ -799,7 +904,7 @@ func (b *floorBench) round(ctx context.Context) (result, error) {
 	}, patchEach(b.c))
 	r := result{elapsed: time.Since(start), claims: claims, statements: b.statements.Load() - s0, tasks: tasks}
 	r.proc, r.machine = sampleCPU().since(c0)
-	r.pg = backendCPU(ctx, "f").since(p0)
+	r.pg, r.aux = backendCPU(ctx, "f").since(p0), auxCPU(ctx).since(a0)
 	if err != nil {
 		return result{}, err
 	}
@@ -909,12 +1014,23 @@ var backends *pgx.Conn
 type pgTicks map[int]int64
 
 func backendCPU(ctx context.Context, sys string) pgTicks {
+	return procTicks(ctx, "SELECT pid FROM pg_stat_activity WHERE application_name = $1", fmt.Sprintf("claimbench%d%s", os.Getpid(), sys))
+}
+
+// auxCPU is the CPU time of PostgreSQL's own processes (WAL writer,
+// checkpointer, background writer, autovacuum workers present at the
+// sample): the WAL a system's statements write is flushed there. It is
+// shared with anything else the server runs.
+func auxCPU(ctx context.Context) pgTicks {
+	return procTicks(ctx, "SELECT pid FROM pg_stat_activity WHERE backend_type <> 'client backend'")
+}
+
+func procTicks(ctx context.Context, query string, args ...any) pgTicks {
 	out := pgTicks{}
 	if backends == nil {
 		return out
 	}
-	rows, err := backends.Query(ctx, "SELECT pid FROM pg_stat_activity WHERE application_name = $1",
-		fmt.Sprintf("claimbench%d%s", os.Getpid(), sys))
+	rows, err := backends.Query(ctx, query, args...)
 	if err != nil {
 		return out
 	}

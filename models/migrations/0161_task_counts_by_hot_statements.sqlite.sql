@@ -1,0 +1,7 @@
+-- name: hot statements count their own changes
+-- down: nothing on this dialect.
+--
+-- PostgreSQL's hot statements write their own count deltas; SQLite has no hot
+-- statements and keeps its row triggers.
+--
+-- Nothing to do on this dialect; the version is recorded all the same.
