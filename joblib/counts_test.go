@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/zndraw/joblib/internal/dbtest"
@@ -85,7 +86,10 @@ func TestTaskCountsExactUnderConcurrentWriters(t *testing.T) {
 							} else {
 								return
 							}
-						default:
+						case <-time.After(2 * time.Millisecond):
+							// The queue is empty for now: look again soon,
+							// without spinning claims that starve the
+							// submitters of SQLite's one writer.
 							continue
 						}
 					}
