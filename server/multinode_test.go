@@ -199,8 +199,12 @@ func TestTwoNodesDeliverInCommitOrder(t *testing.T) {
 					continue // another client claimed it; it moves that one on
 				}
 				id := task["id"].(string)
-				a.patch(a.alice, id, "running")
-				b.patch(b.alice, id, "completed")
+				if r := a.patch(a.alice, id, "running"); r.Status != 200 {
+					t.Errorf("running %s on node A: %d %s", id, r.Status, r.Body)
+				}
+				if r := b.patch(b.alice, id, "completed"); r.Status != 200 {
+					t.Errorf("completed %s on node B: %d %s", id, r.Status, r.Body)
+				}
 			}
 		})
 	}
@@ -210,23 +214,28 @@ func TestTwoNodesDeliverInCommitOrder(t *testing.T) {
 		if task == nil {
 			break
 		}
-		a.patch(a.alice, task["id"].(string), "completed")
+		a.patch(a.alice, task["id"].(string), "completed").want(200)
 	}
-	statuses := func(e *env) []events.Emission {
+	if t.Failed() {
+		t.FailNow()
+	}
+	statuses := func(node string, e *env) []events.Emission {
 		var got []events.Emission
-		waitFor(t, 10*time.Second, func() bool {
-			got = append(got, of(e.rec.take(), "task_status_event")...)
-			n := 0
-			for _, em := range got {
+		n := 0
+		for deadline := time.Now().Add(20 * time.Second); n < clients*perClient; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("node %s delivered %d of %d completions in 20 s (%d status events)", node, n, clients*perClient, len(got))
+			}
+			for _, em := range of(e.rec.take(), "task_status_event") {
+				got = append(got, em)
 				if em.Event.(events.TaskStatusEvent).Status == "completed" {
 					n++
 				}
 			}
-			return n == clients*perClient
-		})
+		}
 		return got
 	}
-	onA, onB := statuses(a), statuses(b)
+	onA, onB := statuses("A", a), statuses("B", b)
 	if len(onA) != len(onB) {
 		t.Fatalf("node A delivered %d status events, node B %d", len(onA), len(onB))
 	}
