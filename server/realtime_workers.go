@@ -34,11 +34,11 @@ func (rt *Realtime) DropWorkerSockets() int {
 // target exists), joins the room and binds the worker to this socket.
 func (rt *Realtime) joinAsWorker(ctx context.Context, s *sio.Socket, st *connState, rawWorker, room string, exists func() error) ack {
 	if st.anon {
-		return ack{Status: 401, Detail: "Unauthorized"}
+		return problemAck(joblib.CodeUnauthorized, "Unauthorized")
 	}
 	wid, err := uuid.Parse(rawWorker)
 	if err != nil {
-		return ack{Status: 422, Detail: "worker_id must be a UUID"}
+		return problemAck(joblib.CodeValidation, "worker_id must be a UUID")
 	}
 	if err := rt.svc.CheckWorker(ctx, st.p, wid); err != nil {
 		return rt.errAck(ctx, err)
@@ -117,12 +117,14 @@ func (rt *Realtime) OnDisconnect(s *sio.Socket, reason string) {
 func (rt *Realtime) expire(wid uuid.UUID, epoch int64) {
 	rt.mu.Lock()
 	delete(rt.graces, wid)
-	closed := rt.closed
-	rt.mu.Unlock()
-	if closed {
+	if rt.closed {
+		rt.mu.Unlock()
 		return
 	}
+	// Added under the lock Shutdown takes to set closed, so that Shutdown's
+	// Wait either sees this cleanup or this cleanup sees closed.
 	rt.wg.Add(1)
+	rt.mu.Unlock()
 	defer rt.wg.Done()
 	ctx, cancel := rt.writeBudget(rt.ctx)
 	defer cancel()
