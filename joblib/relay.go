@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/zndraw/joblib/events"
+	"github.com/zndraw/joblib/internal/startstop"
 )
 
 // The outbox relay (PostgreSQL with a TxBus): mutations write the events
@@ -24,14 +25,16 @@ const relayInterval = time.Second
 const relayBatch = 500
 
 type relay struct {
+	// life runs the loop: a Stop waits for the last pass, and a second
+	// Stop at the same time waits for the first.
+	life startstop.Base
 	s    *Service
 	tb   events.TxBus
 	wake chan struct{}
 
-	once   sync.Once
-	mu     sync.Mutex
-	cancel context.CancelFunc
-	done   chan struct{}
+	// once starts the loop at the first poke, or is spent by a stop so
+	// that nothing starts it again.
+	once sync.Once
 	// interval is relayInterval, shorter in tests.
 	interval time.Duration
 }
@@ -50,11 +53,8 @@ func (r *relay) start() {
 		return
 	}
 	r.once.Do(func() {
-		ctx, cancel := context.WithCancel(context.Background())
-		r.mu.Lock()
-		r.cancel, r.done = cancel, make(chan struct{})
-		r.mu.Unlock()
-		go r.run(ctx)
+		ctx, _ := r.life.StartInit(context.Background())
+		r.life.Go(func() { r.run(ctx) })
 	})
 }
 
@@ -77,19 +77,10 @@ func (r *relay) stop() {
 		return
 	}
 	r.once.Do(func() {}) // never start after a stop
-	r.mu.Lock()
-	cancel, done := r.cancel, r.done
-	r.cancel = nil
-	r.mu.Unlock()
-	if cancel == nil {
-		return
-	}
-	cancel()
-	<-done
+	r.life.Stop()
 }
 
 func (r *relay) run(ctx context.Context) {
-	defer close(r.done)
 	t := time.NewTicker(r.interval)
 	defer t.Stop()
 	for {

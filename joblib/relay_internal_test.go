@@ -160,6 +160,21 @@ func TestRelayRollbackAndStop(t *testing.T) {
 	s.relay.poke()
 	remote.waitFor(t, "first")
 	write("at-stop", true) // no poke: only the last pass at Stop sends it
+	// Two stops at once (serve's shutdown and a signal, say): neither
+	// returns before the last pass has sent the row.
+	var stops sync.WaitGroup
+	for range 2 {
+		stops.Go(func() {
+			s.relay.stop()
+			var left int
+			if err := db.Pool.QueryRow(ctx, "SELECT count(*) FROM joblib_event_outbox").Scan(&left); err != nil {
+				t.Error(err)
+			} else if left != 0 {
+				t.Errorf("a stop returned with %d rows still in the outbox", left)
+			}
+		})
+	}
+	stops.Wait()
 	s.Stop()
 	if got := remote.waitFor(t, "at-stop"); !slices.Equal(got, []string{"first", "at-stop"}) {
 		t.Fatalf("the other node received %v", got)
