@@ -221,7 +221,7 @@ func TestBatchClaimChecks(t *testing.T) {
 		if ack := ui.call("claim_tasks", map[string]any{"worker_id": wid, "limit": 2}); ack["ok"] == true || ack["status"] != float64(403) {
 			t.Fatalf("someone else's worker over a socket: %v", ack)
 		}
-		if ack := ui.call("claim_tasks", map[string]any{"worker_id": "nope"}); ack["status"] != float64(422) {
+		if ack := ui.call("claim_tasks", map[string]any{"worker_id": "nope"}); ack["status"] != float64(422) || ack["type"] != "/v1/problems/validation-error" {
 			t.Fatalf("bad worker id over a socket: %v", ack)
 		}
 		w := mustDialSIO(t, e.url, e.alice)

@@ -297,10 +297,10 @@ func (s *Server) pokeDashboard() {
 // joinDashboard is the socket's join_dashboard: superusers only.
 func (rt *Realtime) joinDashboard(ctx context.Context, s *sio.Socket, st *connState) ack {
 	if st.anon {
-		return ack{Status: 401, Detail: "Unauthorized"}
+		return problemAck(joblib.CodeUnauthorized, "Unauthorized")
 	}
 	if !st.p.Superuser {
-		return ack{Status: 403, Detail: errDashboardForbidden}
+		return problemAck(joblib.CodeForbidden, errDashboardForbidden)
 	}
 	if err := s.Join(dashboardRoom); err != nil {
 		return joinErrAck(err)

@@ -107,10 +107,10 @@ func TestProgressOverRESTAndSocket(t *testing.T) {
 		if a := ui.call("task_progress", map[string]any{"task_id": id, "current": 1}); a["status"] != float64(403) {
 			t.Fatalf("another user's task_progress: %v", a)
 		}
-		if a := w.call("task_progress", map[string]any{"task_id": "nope"}); a["status"] != float64(422) {
+		if a := w.call("task_progress", map[string]any{"task_id": "nope"}); a["status"] != float64(422) || a["type"] != "/v1/problems/validation-error" {
 			t.Fatalf("bad task_progress: %v", a)
 		}
-		if a := w.call("task_progress", map[string]any{"task_id": id, "current": "x"}); a["status"] != float64(422) {
+		if a := w.call("task_progress", map[string]any{"task_id": id, "current": "x"}); a["status"] != float64(422) || a["type"] != "/v1/problems/validation-error" {
 			t.Fatalf("bad task_progress: %v", a)
 		}
 		// A bare number is the current value; a value of another kind is

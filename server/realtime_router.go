@@ -78,11 +78,23 @@ func rejectAck(limit string) []any {
 		sio.LimitEventBytes:  "event too large",
 		sio.LimitDepth:       "arguments nested too deeply",
 	}[limit]
-	status := 413
+	code := joblib.CodePayloadTooLarge
 	if limit == sio.LimitDepth {
-		status = 422
+		code = joblib.CodeValidation
 	}
-	return []any{ack{Status: status, Detail: detail}}
+	return []any{problemAck(code, detail)}
+}
+
+// problemAck is the ack of an error the router finds itself (bad arguments,
+// no credential, a socket budget): the status and problem type REST answers
+// for the same code.
+func problemAck(code joblib.Code, detail string) ack {
+	p := newProblem(code, detail)
+	a := ack{Status: p.Status, Type: p.Type, Detail: detail}
+	if a.Status == http.StatusTooManyRequests {
+		a.RetryAfter = 1 // as writeProblem: every 429 says when to come back
+	}
+	return a
 }
 
 // invalidateAll tells every UI room on this node to refetch: events of
@@ -220,13 +232,13 @@ func (rt *Realtime) handle(ctx context.Context, s *sio.Socket, st *connState, ev
 	}
 	if len(ev.Args) > 0 {
 		if err := json.Unmarshal(ev.Args[0], &body); err != nil {
-			return ack{Status: 422, Detail: "the event's argument must be a JSON object"}
+			return problemAck(joblib.CodeValidation, "the event's argument must be a JSON object")
 		}
 	}
 	switch ev.Name {
 	case "join_job_room", "leave_job_room":
 		if body.JobName == nil || body.WorkerID == nil {
-			return ack{Status: 422, Detail: "job_name and worker_id are required"}
+			return problemAck(joblib.CodeValidation, "job_name and worker_id are required")
 		}
 		room := events.JobRoom(*body.JobName)
 		if ev.Name == "leave_job_room" {
@@ -245,7 +257,7 @@ func (rt *Realtime) handle(ctx context.Context, s *sio.Socket, st *connState, ev
 		return res
 	case "join_provider_room", "leave_provider_room":
 		if body.ProviderName == nil || body.WorkerID == nil {
-			return ack{Status: 422, Detail: "provider_name and worker_id are required"}
+			return problemAck(joblib.CodeValidation, "provider_name and worker_id are required")
 		}
 		room := events.ProviderRoom(*body.ProviderName)
 		if ev.Name == "leave_provider_room" {
@@ -275,7 +287,7 @@ func (rt *Realtime) handle(ctx context.Context, s *sio.Socket, st *connState, ev
 		return rt.taskProgress(ctx, st, ev.Args)
 	case "join_room", "leave_room":
 		if body.RoomID == nil {
-			return ack{Status: 422, Detail: "room_id is required"}
+			return problemAck(joblib.CodeValidation, "room_id is required")
 		}
 		if err := joblib.ValidateRoomID(*body.RoomID); err != nil {
 			return rt.errAck(ctx, err)
@@ -306,14 +318,14 @@ func (rt *Realtime) handle(ctx context.Context, s *sio.Socket, st *connState, ev
 // a socket claims without any HTTP request; the ack carries the tasks.
 func (rt *Realtime) claimTasks(ctx context.Context, st *connState, rawWorker *string, rawLimit *int, start bool) ack {
 	if st.anon {
-		return ack{Status: 401, Detail: "Unauthorized"}
+		return problemAck(joblib.CodeUnauthorized, "Unauthorized")
 	}
 	if rawWorker == nil {
-		return ack{Status: 422, Detail: "worker_id is required"}
+		return problemAck(joblib.CodeValidation, "worker_id is required")
 	}
 	wid, err := uuid.Parse(*rawWorker)
 	if err != nil {
-		return ack{Status: 422, Detail: "worker_id must be a UUID"}
+		return problemAck(joblib.CodeValidation, "worker_id must be a UUID")
 	}
 	limit := 1
 	if rawLimit != nil {
@@ -334,11 +346,11 @@ func (rt *Realtime) claimTasks(ctx context.Context, st *connState, rawWorker *st
 // the ack carries one item per report, as POST /tasks/update-batch answers.
 func (rt *Realtime) updateTasks(ctx context.Context, st *connState, raw json.RawMessage) ack {
 	if st.anon {
-		return ack{Status: 401, Detail: "Unauthorized"}
+		return problemAck(joblib.CodeUnauthorized, "Unauthorized")
 	}
 	ups, err := decodeTaskUpdates(raw)
 	if err != nil {
-		return ack{Status: 422, Detail: err.Error()}
+		return problemAck(joblib.CodeValidation, err.Error())
 	}
 	rs, err := rt.svc.UpdateTasks(ctx, st.p, ups)
 	if err != nil {
@@ -352,18 +364,18 @@ func (rt *Realtime) updateTasks(ctx context.Context, st *connState, raw json.Raw
 // /tasks/{id} with {"progress": ...} would be.
 func (rt *Realtime) taskProgress(ctx context.Context, st *connState, args []json.RawMessage) ack {
 	if st.anon {
-		return ack{Status: 401, Detail: "Unauthorized"}
+		return problemAck(joblib.CodeUnauthorized, "Unauthorized")
 	}
 	var b struct {
 		TaskID *string `json:"task_id"`
 		joblib.Progress
 	}
 	if len(args) == 0 || json.Unmarshal(args[0], &b) != nil || b.TaskID == nil {
-		return ack{Status: 422, Detail: "task_id is required; current and total are numbers, message a string"}
+		return problemAck(joblib.CodeValidation, "task_id is required; current and total are numbers, message a string")
 	}
 	id, err := uuid.Parse(*b.TaskID)
 	if err != nil {
-		return ack{Status: 422, Detail: "task_id must be a UUID"}
+		return problemAck(joblib.CodeValidation, "task_id must be a UUID")
 	}
 	if _, err := rt.svc.ReportProgress(ctx, st.p, id, b.Progress); err != nil {
 		return rt.errAck(ctx, err)
@@ -373,7 +385,7 @@ func (rt *Realtime) taskProgress(ctx context.Context, st *connState, args []json
 
 // joinErrAck answers a join past the rooms-per-socket budget.
 func joinErrAck(err error) ack {
-	return ack{Status: 429, Detail: err.Error()}
+	return problemAck(joblib.CodeRateLimited, err.Error())
 }
 
 // roomAccess asks the room authorization host (when configured) whether the
