@@ -21,7 +21,7 @@ func TestCleanupPathsRaceExactlyOnce(t *testing.T) {
 	t.Parallel()
 	dbtest.Each(t, func(t *testing.T, db *models.DB) {
 		b := setup(t, db)
-		const rounds, perRound = 100, 4
+		const rounds, perRound = 40, 4
 		timeout := b.svc.Settings().WorkerTimeout
 		for round := range rounds {
 			failJob := jobSpec{name: "fail" + uuid.NewString()[:8], policy: joblib.OnWorkerLossFail}
@@ -129,7 +129,7 @@ func TestClaimRacingCleanupLeavesNoZombie(t *testing.T) {
 	t.Parallel()
 	dbtest.Each(t, func(t *testing.T, db *models.DB) {
 		b := setup(t, db)
-		for round := range 100 {
+		for round := range 40 {
 			j := jobSpec{name: "j" + uuid.NewString()[:8]}
 			w := b.worker(j)
 			ids := []uuid.UUID{b.submit(j), b.submit(j), b.submit(j)}

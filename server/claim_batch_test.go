@@ -36,19 +36,17 @@ func newRaceFixture(t *testing.T, e *env, jobs, perJob, claimers int) *raceFixtu
 		}
 		f.workers = append(f.workers, wid.(string))
 	}
-	var mu sync.Mutex
-	var wg sync.WaitGroup
+	// One batch a job: the race is the claims', and a batch keeps its
+	// order, as single submits one after another would.
 	for j := range jobs {
-		wg.Go(func() {
-			for i := range perJob {
-				id := e.submit(e.bob, "batch", fmt.Sprintf("batch:modifiers:Job%d", j), map[string]any{"i": i})
-				mu.Lock()
-				f.order[id], f.jobOf[id] = i, j
-				mu.Unlock()
-			}
-		})
+		payloads := make([]map[string]any, perJob)
+		for i := range payloads {
+			payloads[i] = map[string]any{"i": i}
+		}
+		for i, id := range e.submitBatch(e.bob, "batch", fmt.Sprintf("batch:modifiers:Job%d", j), payloads) {
+			f.order[id], f.jobOf[id] = i, j
+		}
 	}
-	wg.Wait()
 	return f
 }
 

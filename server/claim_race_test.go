@@ -11,13 +11,13 @@ import (
 	"github.com/zndraw/joblib/server"
 )
 
-// TestClaimRace: 50 concurrent claimers on 2,000 tasks across 5 jobs. Exactly
-// 2,000 claims succeed (so no claim answered null while an eligible task
+// TestClaimRace: 50 concurrent claimers on 500 tasks across 5 jobs. Exactly
+// 500 claims succeed (so no claim answered null while an eligible task
 // remained), every task is claimed exactly once, each claimer sees every job's
 // tasks in FIFO order, and further claims answer null.
 func TestClaimRace(t *testing.T) {
 	t.Parallel()
-	// One user submits all 2,000 tasks as fast as it can: no rate limit.
+	// One user submits all 500 tasks as fast as it can: no rate limit.
 	unlimited := withSettings(func(s *joblib.Settings) { s.SubmitRate = 0 })
 	// The test is about accounting, not latency: on SQLite the 50 claimers
 	// queue on its one connection, and under -race on a loaded machine a
@@ -29,7 +29,7 @@ func TestClaimRace(t *testing.T) {
 	eachWith(t, []func(*setupOpts){unlimited, patient}, func(t *testing.T, e *env) {
 		const (
 			jobs     = 5
-			perJob   = 200
+			perJob   = 100
 			claimers = 50
 			tasks    = jobs * perJob
 		)
@@ -50,19 +50,24 @@ func TestClaimRace(t *testing.T) {
 			}
 			workers[c] = wid.(string)
 		}
-		// Submit sequentially within a job (that order is FIFO), jobs in parallel.
+		// Submit one batch a job, jobs in parallel: a batch keeps its order
+		// (FIFO within the job).
 		order := map[string]int{} // task id -> position within its job
 		jobOf := map[string]int{}
 		var mu sync.Mutex
 		var wg sync.WaitGroup
 		for j := range jobs {
 			wg.Go(func() {
-				for i := range perJob {
-					id := e.submit(e.bob, "race", names[j], map[string]any{"i": i})
-					mu.Lock()
-					order[id], jobOf[id] = i, j
-					mu.Unlock()
+				payloads := make([]map[string]any, perJob)
+				for i := range payloads {
+					payloads[i] = map[string]any{"i": i}
 				}
+				ids := e.submitBatch(e.bob, "race", names[j], payloads)
+				mu.Lock()
+				for i, id := range ids {
+					order[id], jobOf[id] = i, j
+				}
+				mu.Unlock()
 			})
 		}
 		wg.Wait()

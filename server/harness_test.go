@@ -268,6 +268,30 @@ func (e *env) submit(token, room, fullName string, payload map[string]any) strin
 	return r.M()["id"].(string)
 }
 
+// submitBatch submits one task per payload in one batch request and returns
+// their ids in the payloads' order (the order they are claimed in).
+func (e *env) submitBatch(token, room, fullName string, payloads []map[string]any) []string {
+	e.t.Helper()
+	items := make([]map[string]any, len(payloads))
+	for i, p := range payloads {
+		items[i] = map[string]any{"payload": p}
+	}
+	var ans struct {
+		Tasks []struct {
+			ID string `json:"id"`
+		} `json:"tasks"`
+	}
+	e.do(token, "POST", api+"/rooms/"+room+"/tasks/"+fullName+"/batch", map[string]any{"tasks": items}).want(202).JSON(&ans)
+	if len(ans.Tasks) != len(payloads) {
+		e.t.Fatalf("a batch of %d made %d tasks", len(payloads), len(ans.Tasks))
+	}
+	ids := make([]string, len(ans.Tasks))
+	for i, tk := range ans.Tasks {
+		ids[i] = tk.ID
+	}
+	return ids
+}
+
 // claim claims for a worker and returns the task (nil when none).
 func (e *env) claim(token, workerID string) map[string]any {
 	e.t.Helper()
