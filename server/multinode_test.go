@@ -214,6 +214,7 @@ func TestTwoNodesDeliverInCommitOrder(t *testing.T) {
 		if task == nil {
 			break
 		}
+		a.patch(a.alice, task["id"].(string), "running").want(200)
 		a.patch(a.alice, task["id"].(string), "completed").want(200)
 	}
 	if t.Failed() {
