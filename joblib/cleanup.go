@@ -172,10 +172,7 @@ func (s *Service) OnCleanup(o CleanupObserver) {
 // are out.Tasks as views (CleanupResult.add made them).
 func cleanupEmissions(tasks []Task, out models.CleanupOutcome, em *events.Set) {
 	for _, v := range tasks {
-		em.Add(events.Room(v.RoomID), statusEvent(v))
-		if v.Status == models.StatusPending && v.JobName != "" {
-			em.Add(events.JobRoom(v.JobName), events.TaskAvailable{JobName: v.JobName, RoomID: v.RoomID, TaskID: v.ID.String()})
-		}
+		addTaskChanged(em, v)
 	}
 	for _, w := range out.Workers {
 		for _, r := range w.LinkedJobRooms {

@@ -62,25 +62,34 @@ func retryDelay(backoff, maxBackoff float64, n int) float64 {
 // job's workers, after each batch's commit. The sweeper's leader calls it
 // with its fence: a leader that lost the lease promotes nothing.
 func (s *Service) PromoteDueTasks(ctx context.Context, fence LeaderFence) ([]Task, error) {
+	return leaderBatches(ctx, s, func(q *models.Q, em *events.Set, batch int) ([]Task, error) {
+		ts, err := q.PromoteDueTasks(batch, fence)
+		if err != nil {
+			return nil, err
+		}
+		out := make([]Task, 0, len(ts))
+		for _, t := range ts {
+			v := taskView(t)
+			out = append(out, v)
+			addTaskChanged(em, v)
+		}
+		return out, nil
+	})
+}
+
+// leaderBatches runs one of the leader's sweeps over tasks a batch at a
+// time (Settings.SweepBatchSize, one transaction each, whose events go out
+// after its commit) until a batch comes back short, and returns what every
+// batch changed.
+func leaderBatches[T any](ctx context.Context, s *Service, one func(q *models.Q, em *events.Set, batch int) ([]T, error)) ([]T, error) {
 	batch := max(1, min(s.Settings().SweepBatchSize, models.MaxCleanupBatch))
-	var all []Task
+	var all []T
 	for ctx.Err() == nil {
-		var out []Task
+		var out []T
 		err := s.mutate(ctx, func(q *models.Q, em *events.Set) error {
-			out = out[:0]
-			ts, err := q.PromoteDueTasks(batch, fence)
-			if err != nil {
-				return err
-			}
-			for _, t := range ts {
-				v := taskView(t)
-				out = append(out, v)
-				em.Add(events.Room(v.RoomID), statusEvent(v))
-				if v.Status == models.StatusPending && v.JobName != "" {
-					em.Add(events.JobRoom(v.JobName), events.TaskAvailable{JobName: v.JobName, RoomID: v.RoomID, TaskID: v.ID.String()})
-				}
-			}
-			return nil
+			var err error
+			out, err = one(q, em, batch)
+			return err
 		})
 		if err != nil {
 			return all, err

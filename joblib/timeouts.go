@@ -34,44 +34,29 @@ type TimedOutTask struct {
 // whichever node sweeps it (row locks and a status re-check). It is the
 // sweeper's duty; callers apply the sweeper's outage guard first.
 func (s *Service) TimeOutTasks(ctx context.Context, sweepID *uuid.UUID, fence LeaderFence) ([]TimedOutTask, error) {
-	batch := max(1, min(s.Settings().SweepBatchSize, models.MaxCleanupBatch))
-	var all []TimedOutTask
-	for ctx.Err() == nil {
-		var out []TimedOutTask
-		err := s.mutate(ctx, func(q *models.Q, em *events.Set) error {
-			out = out[:0]
-			ts, err := q.TimeOutTasks(batch, AuditTaskTimeout, "sweeper", sweepID, fence)
-			if err != nil {
-				return err
-			}
-			for _, t := range ts {
-				v := TimedOutTask{Task: taskView(t.Task), HeldBy: t.HeldBy, Limit: t.Limit, Seconds: t.Seconds}
-				out = append(out, v)
-				for _, pe := range s.progress.take(t.ID) { // its last progress goes before its end
-					em.Add(pe.Room, pe.Event)
-				}
-				em.Add(events.Room(v.RoomID), statusEvent(v.Task))
-				if v.Status == models.StatusPending && v.JobName != "" {
-					em.Add(events.JobRoom(v.JobName), events.TaskAvailable{JobName: v.JobName, RoomID: v.RoomID, TaskID: v.ID.String()})
-				}
-				if t.HeldBy != uuid.Nil {
-					em.Add(events.WorkerRoom(t.HeldBy.String()), events.TaskCancelled{TaskID: v.ID.String(), Reason: timeoutReason(v)})
-				}
-			}
-			return nil
-		})
+	all, err := leaderBatches(ctx, s, func(q *models.Q, em *events.Set, batch int) ([]TimedOutTask, error) {
+		ts, err := q.TimeOutTasks(batch, AuditTaskTimeout, "sweeper", sweepID, fence)
 		if err != nil {
-			return all, err
+			return nil, err
 		}
-		all = append(all, out...)
-		if len(out) < batch {
-			break
+		out := make([]TimedOutTask, 0, len(ts))
+		for _, t := range ts {
+			v := TimedOutTask{Task: taskView(t.Task), HeldBy: t.HeldBy, Limit: t.Limit, Seconds: t.Seconds}
+			out = append(out, v)
+			for _, pe := range s.progress.take(t.ID) { // its last progress goes before its end
+				em.Add(pe.Room, pe.Event)
+			}
+			addTaskChanged(em, v.Task)
+			if t.HeldBy != uuid.Nil {
+				em.Add(events.WorkerRoom(t.HeldBy.String()), events.TaskCancelled{TaskID: v.ID.String(), Reason: timeoutReason(v)})
+			}
 		}
-	}
+		return out, nil
+	})
 	if len(all) > 0 {
 		s.log.Warn("stuck tasks timed out", "tasks", len(all))
 	}
-	return all, ctx.Err()
+	return all, err
 }
 
 // timeoutReason is what task_cancelled tells the holder of a timed-out task.

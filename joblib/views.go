@@ -194,6 +194,15 @@ func providerView(p models.Provider) Provider {
 	}
 }
 
+// addTaskChanged adds a changed task's events: its status to its room and,
+// when it is claimable again, task_available to its job's workers.
+func addTaskChanged(em *events.Set, v Task) {
+	em.Add(events.Room(v.RoomID), statusEvent(v))
+	if v.Status == models.StatusPending && v.JobName != "" {
+		em.Add(events.JobRoom(v.JobName), events.TaskAvailable{JobName: v.JobName, RoomID: v.RoomID, TaskID: v.ID.String()})
+	}
+}
+
 // statusEvent is the task_status_event for a task's current state.
 func statusEvent(t Task) events.TaskStatusEvent {
 	var wid *string
