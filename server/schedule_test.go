@@ -354,6 +354,37 @@ func TestDelayedTaskWakesSocketWorker(t *testing.T) {
 	})
 }
 
+// A delayed task submitted to a node that does not lead the sweeper wakes
+// its job's workers on time too: the submission kicks the leader's timer on
+// the other node through the bus (the leader's probe is a minute away), and
+// task_available reaches a worker whose socket is on the submitting node.
+func TestDelayedTaskOnAnotherNodeWakesWorker(t *testing.T) {
+	t.Parallel()
+	a, b := twoNodes(t)
+	job := a.registerJob(a.alice, "r2", "modifiers", "Later")
+	worker := mustDialSIO(t, b.url, b.alice)
+	worker.mustCall("join_job_room", map[string]any{"job_name": "r2:modifiers:Later", "worker_id": job["worker_id"]})
+	sw := joblib.NewSweeper(a.svc, joblib.SweeperConfig{Jitter: -1, Probe: time.Minute})
+	if err := sw.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sw.Stop)
+	waitFor(t, 10*time.Second, sw.Leading)
+	// Let the leader's first look (nothing delayed yet) pass, so that only
+	// a kick can arm its timer for the task below.
+	time.Sleep(200 * time.Millisecond)
+	const delay = 700 * time.Millisecond
+	sent := time.Now()
+	id := b.do(b.bob, "POST", api+"/rooms/r2/tasks/r2:modifiers:Later", map[string]any{"payload": map[string]any{}, "delay": delay.Seconds()}).want(202).M()["id"].(string)
+	worker.waitEvent("task_available", 10*time.Second, func(p map[string]any) bool { return p["task_id"] == id })
+	if since := time.Since(sent); since < delay-50*time.Millisecond {
+		t.Fatalf("task_available %s after the submission, before its delay %s", since, delay)
+	}
+	if c := b.claim(b.alice, job["worker_id"].(string)); c == nil || c["id"] != id {
+		t.Fatalf("claim after the wake-up: %v", c)
+	}
+}
+
 // BenchmarkDelayedTaskWakeup measures a delayed task's wake-up: from its
 // run_at (as the submission's answer states it, database clock) to the
 // task_available frame at a worker's socket. It reports the median and the
