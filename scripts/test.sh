@@ -9,7 +9,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-log() { printf '== %s\n' "$*" >&2; }
+# Each step says when it began (seconds since the command started): where the time goes.
+log() { printf '== %s (at %ds)\n' "$*" "$SECONDS" >&2; }
+trap 'log "end, exit status $?"' EXIT
 
 apt_updated=0
 apt_install() {
