@@ -327,13 +327,7 @@ func TestDelayedTaskWakesSocketWorker(t *testing.T) {
 		job := e.registerJob(e.alice, "r1", "modifiers", "Later")
 		worker := mustDialSIO(t, e.url, e.alice)
 		worker.mustCall("join_job_room", map[string]any{"job_name": "r1:modifiers:Later", "worker_id": job["worker_id"]})
-		// Probes far apart: the timer, not the probe, must wake it.
-		sw := joblib.NewSweeper(e.svc, joblib.SweeperConfig{Jitter: -1, Probe: time.Minute})
-		if err := sw.Start(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(sw.Stop)
-		waitFor(t, 10*time.Second, sw.Leading)
+		leadWithTimerOnly(t, e) // the timer, not the probe, must wake it
 		const delay = 700 * time.Millisecond
 		sent := time.Now()
 		r := e.do(e.bob, "POST", api+"/rooms/r1/tasks/r1:modifiers:Later", map[string]any{"payload": map[string]any{}, "delay": delay.Seconds()}).want(202).M()
@@ -364,12 +358,7 @@ func TestDelayedTaskOnAnotherNodeWakesWorker(t *testing.T) {
 	job := a.registerJob(a.alice, "r2", "modifiers", "Later")
 	worker := mustDialSIO(t, b.url, b.alice)
 	worker.mustCall("join_job_room", map[string]any{"job_name": "r2:modifiers:Later", "worker_id": job["worker_id"]})
-	sw := joblib.NewSweeper(a.svc, joblib.SweeperConfig{Jitter: -1, Probe: time.Minute})
-	if err := sw.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(sw.Stop)
-	waitFor(t, 10*time.Second, sw.Leading)
+	leadWithTimerOnly(t, a)
 	// Let the leader's first look (nothing delayed yet) pass, so that only
 	// a kick can arm its timer for the task below.
 	time.Sleep(200 * time.Millisecond)
@@ -383,6 +372,19 @@ func TestDelayedTaskOnAnotherNodeWakesWorker(t *testing.T) {
 	if c := b.claim(b.alice, job["worker_id"].(string)); c == nil || c["id"] != id {
 		t.Fatalf("claim after the wake-up: %v", c)
 	}
+}
+
+// leadWithTimerOnly starts a sweeper on e whose probes are a minute apart,
+// so that only its timer and its kicks can wake a delayed task, and waits
+// until it leads.
+func leadWithTimerOnly(tb testing.TB, e *env) {
+	tb.Helper()
+	sw := joblib.NewSweeper(e.svc, joblib.SweeperConfig{Jitter: -1, Probe: time.Minute})
+	if err := sw.Start(context.Background()); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(sw.Stop)
+	waitFor(tb, 10*time.Second, sw.Leading)
 }
 
 // BenchmarkDelayedTaskWakeup measures a delayed task's wake-up: from its
@@ -399,12 +401,7 @@ func BenchmarkDelayedTaskWakeup(b *testing.B) {
 			job := e.registerJob(e.alice, "r1", "modifiers", "Later")
 			worker := mustDialSIO(b, e.url, e.alice)
 			worker.mustCall("join_job_room", map[string]any{"job_name": "r1:modifiers:Later", "worker_id": job["worker_id"]})
-			sw := joblib.NewSweeper(e.svc, joblib.SweeperConfig{Jitter: -1, Probe: time.Minute})
-			if err := sw.Start(context.Background()); err != nil {
-				b.Fatal(err)
-			}
-			b.Cleanup(sw.Stop)
-			waitFor(b, 10*time.Second, sw.Leading)
+			leadWithTimerOnly(b, e)
 			var lat []time.Duration
 			for range b.N {
 				r := e.do(e.bob, "POST", api+"/rooms/r1/tasks/r1:modifiers:Later", map[string]any{"payload": map[string]any{}, "delay": 0.2}).want(202).M()
