@@ -28,13 +28,13 @@ type testServer struct {
 	token string // a regular user's API token
 }
 
-func startServer(t *testing.T, db *models.DB, grace time.Duration) *testServer {
+func startServer(t *testing.T, db *models.DB, grace time.Duration, opts ...func(*server.RealtimeConfig)) *testServer {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts, _ := serveOn(t, db, grace, ln)
+	ts, _ := serveNode(t, db, events.NewLocalBus(), grace, ln, "", opts...)
 	return ts
 }
 
@@ -47,7 +47,7 @@ func serveOn(t *testing.T, db *models.DB, grace time.Duration, ln net.Listener) 
 
 // serveNode is serveOn over a given bus; token, when set, is an existing
 // user's (a second node of the same database), else alice is created.
-func serveNode(t *testing.T, db *models.DB, bus events.Bus, grace time.Duration, ln net.Listener, token string) (ts *testServer, stop func()) {
+func serveNode(t *testing.T, db *models.DB, bus events.Bus, grace time.Duration, ln net.Listener, token string, opts ...func(*server.RealtimeConfig)) (ts *testServer, stop func()) {
 	t.Helper()
 	svc := joblib.New(joblib.Config{DB: db, Bus: bus, Settings: joblib.DefaultSettings()})
 	if err := svc.Start(context.Background()); err != nil {
@@ -56,6 +56,9 @@ func serveNode(t *testing.T, db *models.DB, bus events.Bus, grace time.Duration,
 	api := server.New(svc, server.DefaultConfig(), nil)
 	rc := server.DefaultRealtimeConfig()
 	rc.DisconnectGrace = grace
+	for _, o := range opts {
+		o(&rc)
+	}
 	rt := api.NewRealtime(rc, nil)
 	api.Handle("/socket.io/", rt)
 	_ = rt.Start(context.Background())

@@ -15,6 +15,7 @@ import (
 	"github.com/zndraw/joblib/internal/dbtest"
 	"github.com/zndraw/joblib/joblib"
 	"github.com/zndraw/joblib/models"
+	"github.com/zndraw/joblib/server"
 )
 
 // The hash Run uploads under is the server's: the contract's vector.
@@ -207,6 +208,41 @@ func TestRunRegistersAgainWhenTheServerLostTheWorker(t *testing.T) {
 		c.mu.Unlock()
 		if n != 1 {
 			t.Fatalf("%d workers re-created, want 1", n)
+		}
+	})
+}
+
+// The worker is removed by another node whose news never reaches this one
+// (its bus message lost, say): this node keeps the socket open, so the SDK
+// learns of it only from its next claim's 404, and registers again then.
+// This node's keep-alive, which would also find the worker gone and close
+// its socket, runs once an hour here.
+func TestRunRegistersAgainWhenAClaimFindsTheWorkerGone(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		ts := startServer(t, db, 5*time.Second, func(rc *server.RealtimeConfig) { rc.KeepAliveInterval = time.Hour })
+		ctx := context.Background()
+		c := dial(t, ts, WithPollInterval(100*time.Millisecond), WithReconnectBackoff(20*time.Millisecond, 100*time.Millisecond))
+		job, err := c.RegisterJob(ctx, "r1", "modifiers", "gone", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		running(t, c, func(ctx context.Context, task Task) (any, error) { return "again", nil })
+		eventually(t, "the socket joined", func() bool { return c.joinCount() == 1 })
+		old := c.WorkerID()
+
+		// Another node, on its own bus: this node's sockets hear nothing.
+		other := joblib.New(joblib.Config{DB: db, Bus: events.NewLocalBus(), Settings: joblib.DefaultSettings()})
+		res, err := other.CleanupWorker(ctx, uuid.MustParse(old), joblib.CleanupParams{Path: joblib.PathSweeper})
+		if err != nil || res.Cleaned != 1 {
+			t.Fatalf("cleanup on the other node: %+v %v", res, err)
+		}
+		eventually(t, "a new worker", func() bool { w := c.WorkerID(); return w != "" && w != old })
+		eventually(t, "the socket joined as the new worker", func() bool { return c.joinCount() >= 2 })
+		wid := c.WorkerID()
+		got := ts.waitDone(t, ts.submit(t, "r1", job.FullName, map[string]any{}))
+		if got.Status != "completed" || *got.WorkerID != wid {
+			t.Fatalf("task after re-registration: %+v, want completed by %s", got, wid)
 		}
 	})
 }
