@@ -154,13 +154,14 @@ log "go test -race"
 # -race turns on checkptr for every package; in modernc.org/sqlite (C
 # translated to Go, all unsafe pointer arithmetic) it costs about 45% of the
 # CPU of every SQLite test while finding nothing in joblib's code, which
-# keeps it. The race detector itself stays on everywhere. -parallel 4: most
-# parallel tests wait on sockets, child processes and timers, not on the CPU,
-# and the default (GOMAXPROCS, 2 here) left the cores idle half the time.
+# keeps it. The race detector itself stays on everywhere. -parallel 6: most
+# parallel tests wait on sockets, child processes and timers, not on the CPU;
+# the default (GOMAXPROCS, 2 here) left the cores idle half the time, and at
+# 4 the suite still used one core of two on average.
 # The server tests validate every REST answer against server/openapi.json
 # and write how many here (go test hides a passing package's output).
 JOBLIB_OPENAPI_REPORT="$(mktemp)"
 export JOBLIB_OPENAPI_REPORT
-go test -race -gcflags='modernc.org/...=-d=checkptr=0' -timeout 30m -count=1 -parallel 4 ./... "$@"
+go test -race -gcflags='modernc.org/...=-d=checkptr=0' -timeout 30m -count=1 -parallel 6 ./... "$@"
 if [ -s "$JOBLIB_OPENAPI_REPORT" ]; then log "$(cat "$JOBLIB_OPENAPI_REPORT")"; fi
 rm -f "$JOBLIB_OPENAPI_REPORT"

@@ -63,6 +63,7 @@ window.probe = async () => {
 // its events over Socket.IO and, after a jobs_invalidate, lists the room's
 // jobs with fetch and an Authorization header: the CORS preflight passes.
 func TestCrossOriginUIInBrowser(t *testing.T) {
+	t.Parallel()
 	bin, err := browser.Find()
 	if err != nil {
 		t.Fatalf("%v (scripts/test.sh installs Debian's chromium)", err)

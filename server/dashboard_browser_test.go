@@ -48,6 +48,7 @@ const watchJS = `(() => {
 })()`
 
 func TestDashboardInBrowser(t *testing.T) {
+	t.Parallel()
 	bin, err := browser.Find()
 	if err != nil {
 		t.Fatalf("%v (scripts/test.sh installs Debian's chromium)", err)

@@ -17,6 +17,7 @@ import (
 // Chromium, with every documented endpoint listed, and loads nothing from
 // another origin (the page's Content-Security-Policy allows only 'self').
 func TestDocsPageInBrowser(t *testing.T) {
+	t.Parallel()
 	ctx, b := launchBrowser(t, time.Minute)
 	dbtest.Each(t, func(t *testing.T, db *models.DB) {
 		e := setup(t, db)

@@ -16,6 +16,7 @@ import (
 // claimed (claim latency appears), completed and failed (their per-minute
 // points rise): each change shows in the page without a reload.
 func TestDashboardTrendsInBrowser(t *testing.T) {
+	t.Parallel()
 	ctx, b := launchBrowser(t, 2*time.Minute)
 	dbtest.Each(t, func(t *testing.T, db *models.DB) {
 		e := setup(t, db, withRealtime(server.DefaultRealtimeConfig()))
