@@ -45,15 +45,18 @@ func TestUnknownSessionProbeIsCheap(t *testing.T) {
 		}))
 		t.Cleanup(node.Close)
 
-		// One made-up id, asked again and again: one lookup.
+		// One made-up id, asked again and again: one lookup for each second
+		// the negative answer is kept (one, unless the machine is so loaded
+		// that 50 requests take over a second).
 		run := uuid.NewString()
+		start := time.Now()
 		for range 50 {
 			if st := poll(t, e.url, "x."+run); st != http.StatusBadRequest {
 				t.Fatalf("unknown session: %d", st)
 			}
 		}
-		if n := e.rt.NodeLookups(); n != 1 {
-			t.Fatalf("%d node lookups for one unknown run asked 50 times", n)
+		if n, most := e.rt.NodeLookups(), 1+int64(time.Since(start)/time.Second); n < 1 || n > most {
+			t.Fatalf("%d node lookups for one unknown run asked 50 times in %s (want 1 to %d)", n, time.Since(start), most)
 		}
 		// The run's node starts now: it is found within the time a
 		// negative answer is kept (a second), not later.
