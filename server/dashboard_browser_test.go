@@ -25,10 +25,14 @@ import (
 // the page records (Date.now()) when the DOM first shows it; the latency is
 // that moment minus the server-side moment of the change (the bus event's
 // delivery, the cleanup's completion, or, for what has no event, the start
-// of the request), both read from the same machine clock. The bound is 1 s.
+// of the request), both read from the same machine clock. The test logs every
+// latency (0.1–0.5 s on a quiet machine).
 
-// dashLatencyBound is the most a change may take to show in the page.
-const dashLatencyBound = time.Second
+// dashLatencyBound is the most a change may take to show in the page: under
+// the snapshot's periodic refresh (dashboardRefresh, 5 s), so a change shown
+// in time was pushed, with room for a loaded machine (at load 8 a push took
+// up to 1.2 s to show; the bound used to be 1 s and failed there).
+const dashLatencyBound = 3 * time.Second
 
 // screenshotsEnv names a directory where the test writes the README's
 // screenshots (dashboard-idle.png, dashboard-reaped.png); otherwise they go
@@ -48,8 +52,8 @@ const watchJS = `(() => {
 })()`
 
 // Not parallel: it bounds the page's latency after each server-side event
-// (under a second), which chromium starved by the package's parallel tests
-// missed by a little.
+// (dashLatencyBound), and chromium is the slowest part of it when the
+// package's parallel tests take the CPU.
 func TestDashboardInBrowser(t *testing.T) {
 	bin, err := browser.Find()
 	if err != nil {
