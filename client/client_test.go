@@ -6,10 +6,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -281,6 +284,64 @@ func TestProblemRetryAfter(t *testing.T) {
 	var pe *ProblemError
 	if !errors.Is(err, ErrRateLimited) || !errors.As(err, &pe) || pe.RetryAfter != 3*time.Second || pe.Detail != "slow down" {
 		t.Fatalf("got %v (%+v)", err, pe)
+	}
+}
+
+// Without a socket (a proxy that serves REST only) Run claims over REST,
+// starts each task with PATCH, and hands the handler the task as it is then:
+// running, with its start time.
+func TestRunOverRESTHandsOverRunningTasks(t *testing.T) {
+	t.Parallel()
+	db := dbtest.Open(t, models.SQLite)
+	ts := startServer(t, db, 5*time.Second)
+	target, err := url.Parse(ts.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/socket.io/") {
+			http.NotFound(w, r)
+			return
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(front.Close)
+	restOnly := &testServer{url: front.URL, token: ts.token}
+	c := dial(t, restOnly, WithPollInterval(50*time.Millisecond), WithReconnectBackoff(time.Second, time.Second),
+		WithLogger(slog.New(slog.DiscardHandler)))
+	job, err := c.RegisterJob(context.Background(), "r1", "modifiers", "rest", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var seen []string
+	stop := running(t, c, func(ctx context.Context, task Task) (any, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		started := "no start"
+		if task.StartedAt != nil {
+			started = "started"
+		}
+		seen = append(seen, task.Status+" "+started)
+		return "done", nil
+	})
+	for range 2 {
+		if got := ts.waitDone(t, ts.submit(t, "r1", job.FullName, map[string]int{})); got.Status != "completed" {
+			t.Fatalf("task %+v", got)
+		}
+	}
+	stop()
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(seen, []string{"running started", "running started"}) {
+		t.Fatalf("the handler got tasks %q, want running and started", seen)
+	}
+	c.mu.Lock()
+	sc := c.socketClaims
+	c.mu.Unlock()
+	if sc != 0 {
+		t.Fatalf("%d claims over a socket that the proxy refuses", sc)
 	}
 }
 

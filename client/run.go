@@ -224,9 +224,15 @@ func (c *Client) claimNext(ctx context.Context, wid string) (*Task, error) {
 // cancelled meanwhile answers 409) leave it to the server.
 func (c *Client) process(ctx context.Context, handler Handler, t Task) {
 	if t.Status != StatusRunning { // claimed over REST (or by a server that does not start claims)
-		if _, err := c.Update(ctx, t.ID, StatusRunning, nil, ""); err != nil {
+		started, err := c.Update(ctx, t.ID, StatusRunning, nil, "")
+		if err != nil {
 			c.log.Warn("joblib: could not start a claimed task; leaving it to the server", "task", t.ID, "err", err)
 			return
+		}
+		// The handler gets the task as it is now: running, with its start.
+		t.Status = StatusRunning
+		if started != nil && started.StartedAt != nil {
+			t.StartedAt = started.StartedAt
 		}
 	}
 	t.c = c
