@@ -52,11 +52,26 @@ func (s *Service) checkQuota(q *models.Q, p Principal, kind string, inserted boo
 // a batch that does not fit adds nothing.
 func (s *Service) checkQuotaAdd(q *models.Q, p Principal, kind string, n int) error {
 	limit := s.Settings().quotaFor(kind)
+	bounded := kind == models.UsagePendingTasks && n > 0
 	if limit <= 0 || p.Superuser {
+		if bounded {
+			// Pending tasks that no quota counted: the bound no longer holds.
+			return q.ForgetPendingBound(p.ID)
+		}
 		return nil
 	}
 	if err := q.LockUser(p.ID); err != nil {
 		return err
+	}
+	if bounded {
+		// Room below the quota in the bound: the tasks fit, nothing to count.
+		b, ok, err := q.PendingBound(p.ID)
+		if err != nil {
+			return err
+		}
+		if ok && b+int64(n) <= int64(limit) {
+			return q.SetPendingBound(p.ID, b+int64(n))
+		}
 	}
 	have, err := q.CountUsage(p.ID, kind, limit+1)
 	if err != nil {
@@ -72,6 +87,10 @@ func (s *Service) checkQuotaAdd(q *models.Q, p Principal, kind string, n int) er
 				p.Name, min(have, int64(limit)), quotaNoun[kind], limit, quotaVar[kind], limit, n)
 		}
 		return limitErr(CodeQuotaExceeded, "", quotaRetryAfter, "Quota exceeded: user '%s' already has %d %s (%s=%d)", p.Name, limit, quotaNoun[kind], quotaVar[kind], limit)
+	}
+	if bounded {
+		// have is exact here (below the limit it counted up to).
+		return q.SetPendingBound(p.ID, have+int64(n))
 	}
 	return nil
 }

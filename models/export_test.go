@@ -18,6 +18,7 @@ func (db *DB) ExecRaw(sql string, args ...any) error {
 // Statements exposed to the external tests that read their plans.
 var (
 	ClaimSQL       = claimSQL
+	SubmitSQL      = submitSQL
 	TaskSelectSQL  = taskSelect
 	TasksSelectSQL = tasksSelect
 	// EarliestDeadlineSQL is the idle sweep's read of task deadlines.
@@ -29,6 +30,12 @@ var (
 // ClaimArgs are ClaimSQL's arguments.
 func ClaimArgs(workerID, userID uuid.UUID, limit int, start bool, n HotNotify) pgx.NamedArgs {
 	return claimArgs(workerID, userID, limit, start, n)
+}
+
+// SubmitArgs are SubmitSQL's arguments: a task of user createdBy for
+// r:modifiers:<job> in room r, under quota.
+func SubmitArgs(job string, createdBy uuid.UUID, quota int) pgx.NamedArgs {
+	return submitArgs(uuid.New(), "r", "modifiers", job, "r", createdBy, "{}", nil, quota, HotNotify{}, AvailableFrame{})
 }
 
 // UpdateArgs are the arguments of UpdateOneSQL (one report) or

@@ -219,7 +219,10 @@ func (db *DB) ClaimTasksHot(ctx context.Context, workerID, userID uuid.UUID, lim
 // @room:@category:@name (held in key share, so the orphan rule cannot retire
 // it meanwhile) when its creator has fewer than @quota pending tasks
 // (@quota = 0: no quota; the caller holds the user's quota lock, see
-// SubmitTaskHot). The queue position counts the pending tasks ahead of it
+// SubmitTaskHot). The creator's pending bound (migration 170) answers
+// that without a count while it is below @quota (the count, an initplan
+// under CASE, then never runs); the statement stores the bound plus its task,
+// or the count plus its task, or, without a quota, forgets the bound. The queue position counts the pending tasks ahead of it
 // over the index (the new row is not in the statement's snapshot: hence
 // the 1 +). Besides the status event (HotNotify's arguments) it writes
 // task_available for the job's workers to the outbox (both or neither):
@@ -228,9 +231,14 @@ func (db *DB) ClaimTasksHot(ctx context.Context, workerID, userID uuid.UUID, lim
 // It adds priority 0 tasks that are claimable at once only (a submission
 // with a priority or a delay takes the general path): its position counts
 // the claimable tasks of a higher priority and those of priority 0 before it.
-var submitSQL = `WITH jj AS (
+var submitSQL = `WITH qb AS (
+	SELECT CASE WHEN @quota = 0 THEN 0
+		WHEN b.bound < @quota THEN b.bound
+		ELSE (SELECT count(*) FROM (SELECT 1 FROM tasks q WHERE q.created_by_id = @created_by AND q.status = 'pending' LIMIT @quota) c) END AS have
+	FROM (SELECT (SELECT pending_bound FROM users WHERE id = @created_by) AS bound) b
+), jj AS (
 	SELECT id, task_timeout, heartbeat_timeout FROM jobs WHERE room_id = @room AND category = @category AND name = @name AND deleted = false AND room_id <> '@internal'
-		AND (@quota = 0 OR (SELECT count(*) FROM (SELECT 1 FROM tasks q WHERE q.created_by_id = @created_by AND q.status = 'pending' LIMIT @quota) c) < @quota)
+		AND (@quota = 0 OR (SELECT have FROM qb) < @quota)
 	FOR KEY SHARE
 ), u AS (
 	INSERT INTO tasks (id, job_id, room_id, created_by_id, payload, status, created_at, updated_at, task_timeout, heartbeat_timeout)
@@ -247,6 +255,10 @@ var submitSQL = `WITH jj AS (
 ), ob AS (
 	INSERT INTO joblib_event_outbox (payload)
 	SELECT unnest(ARRAY[p, a]) FROM ev WHERE octet_length(p) < @max_bytes AND octet_length(a) < @max_bytes RETURNING 1
+), ub AS (
+	UPDATE users SET pending_bound = CASE WHEN @quota = 0 THEN NULL ELSE (SELECT have FROM qb) + 1 END
+	WHERE id = @created_by AND EXISTS (SELECT 1 FROM u) AND (@quota > 0 OR pending_bound IS NOT NULL)
+	RETURNING 1
 )` + fmt.Sprintf(hotCounted, `SELECT status, 1 AS d FROM u`) + `
 SELECT ` + hotTaskCols + `, u.position, COALESCE(octet_length(ev.p) < @max_bytes AND octet_length(ev.a) < @max_bytes, false), ` + hotCountedCol + ` IS NULL
 FROM v u JOIN jobs j ON j.id = u.job_id LEFT JOIN ev ON ev.id = u.id`
@@ -262,6 +274,13 @@ type AvailableFrame struct {
 // lockUserSQL is Q.LockUser's quota lock, for pgx.
 const lockUserSQL = "SELECT id FROM users WHERE id = $1 FOR NO KEY UPDATE"
 
+// submitArgs are submitSQL's arguments.
+func submitArgs(id uuid.UUID, room, category, name, targetRoom string, createdBy uuid.UUID, payload string, timeout *int, quota int, n HotNotify, a AvailableFrame) pgx.NamedArgs {
+	return n.set(pgx.NamedArgs{"room": room, "category": category, "name": name, "id": id, "target_room": targetRoom,
+		"created_by": createdBy, "payload": payload, "quota": quota, "timeout": timeout,
+		"av_prefix": a.Prefix, "av_middle": a.Middle, "av_suffix": a.Suffix, "av_room_prefix": a.JobRoomPrefix})
+}
+
 // SubmitTaskHot adds a pending task to a live job that is not @internal, in
 // one statement, and returns it with its queue position. With quota > 0 the
 // task is added only while its creator has fewer than quota pending tasks:
@@ -276,9 +295,7 @@ func (db *DB) SubmitTaskHot(ctx context.Context, id uuid.UUID, room, category, n
 	if db.Pool == nil {
 		return HotTask{}, false, ErrNoHotPath
 	}
-	args := n.set(pgx.NamedArgs{"room": room, "category": category, "name": name, "id": id, "target_room": targetRoom,
-		"created_by": createdBy, "payload": payload, "quota": quota, "timeout": timeout,
-		"av_prefix": a.Prefix, "av_middle": a.Middle, "av_suffix": a.Suffix, "av_room_prefix": a.JobRoomPrefix})
+	args := submitArgs(id, room, category, name, targetRoom, createdBy, payload, timeout, quota, n, a)
 	var t HotTask
 	ok := false
 	scan := func(rows pgx.Rows) error {

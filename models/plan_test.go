@@ -246,3 +246,65 @@ func TestPlansAtScale(t *testing.T) {
 		}
 	}
 }
+
+// A submission under a quota counts its creator's pending tasks only when the
+// user's pending bound leaves no room below the quota: with 2,000 of them
+// pending in another job, the statement reads no task row but its own while
+// the bound has room, and reads them all when there is no bound or none left
+// (the count then decides, and at the quota nothing is inserted). Custom and
+// generic plans alike: the count is an initplan that only the CASE's last
+// branch evaluates.
+func TestSubmitCountsPendingOnlyNearTheQuota(t *testing.T) {
+	t.Parallel()
+	db := dbtest.Open(t, models.Postgres)
+	ctx := context.Background()
+	user, other := uuid.New(), uuid.New()
+	const backlog = 2000
+	for _, s := range []string{
+		fmt.Sprintf("INSERT INTO users (id, name) VALUES ('%s', 'submitter')", user),
+		fmt.Sprintf("INSERT INTO jobs (id, room_id, category, name) VALUES ('%s', 'r', 'modifiers', 'A'), ('%s', 'r', 'modifiers', 'B')", uuid.New(), other),
+		fmt.Sprintf(`INSERT INTO tasks (id, job_id, room_id, status, created_by_id) SELECT gen_random_uuid(), '%s', 'r', 'pending', '%s' FROM generate_series(1, %d)`, other, user, backlog),
+	} {
+		if _, err := db.Pool.Exec(ctx, s); err != nil {
+			t.Fatalf("%s: %v", s, err)
+		}
+	}
+	inserted := func(p planNode) (n float64) {
+		p.walk(func(n2 planNode) {
+			if n2.Type == "ModifyTable" && n2.Relation == "tasks" {
+				n += n2.Rows * n2.Loops
+			}
+		})
+		return n
+	}
+	for _, c := range []struct {
+		name   string
+		bound  any // users.pending_bound
+		quota  int
+		counts bool
+		adds   bool
+	}{
+		{"no bound", nil, 100_000, true, true},
+		{"room in the bound", backlog, 100_000, false, true},
+		{"bound at the quota, count below it", backlog, backlog + 1, false, true},
+		{"bound at the quota", backlog + 1, backlog + 1, true, true},
+		{"count at the quota", backlog, backlog, true, false},
+	} {
+		if _, err := db.Pool.Exec(ctx, "UPDATE users SET pending_bound = $1 WHERE id = $2", c.bound, user); err != nil {
+			t.Fatal(err)
+		}
+		for _, plan := range []struct {
+			name    string
+			explain func(*testing.T, *models.DB, string, ...any) planNode
+		}{{"custom plan", explain}, {"generic plan", explainGeneric}} {
+			p := plan.explain(t, db, models.SubmitSQL, models.SubmitArgs("A", user, c.quota))
+			rows, _, seq := tasksRead(p)
+			if counted := rows >= backlog; counted != c.counts || seq > 0 {
+				t.Errorf("%s, %s: reads %.0f task rows (%d seq scans), want a count: %v:\n%s", c.name, plan.name, rows, seq, c.counts, p)
+			}
+			if got := inserted(p) == 1; got != c.adds {
+				t.Errorf("%s, %s: inserted %v, want %v:\n%s", c.name, plan.name, got, c.adds, p)
+			}
+		}
+	}
+}

@@ -195,6 +195,40 @@ func (q *Q) LockUser(id uuid.UUID) error {
 	return nil
 }
 
+// PendingBound reads the user's pending-task bound (see migration 170): when
+// ok, the user has at most bound pending tasks. On PostgreSQL call it under
+// the user's quota lock (LockUser), which every writer of the bound but the
+// forgetting ones holds.
+func (q *Q) PendingBound(id uuid.UUID) (bound int64, ok bool, err error) {
+	var got []struct{ PendingBound *int64 }
+	if err := q.g.Raw("SELECT pending_bound FROM users WHERE id = ?", id).Scan(&got).Error; err != nil {
+		return 0, false, fmt.Errorf("read pending bound: %w", mapErr(err))
+	}
+	if len(got) == 0 || got[0].PendingBound == nil {
+		return 0, false, nil
+	}
+	return *got[0].PendingBound, true, nil
+}
+
+// SetPendingBound stores the user's pending-task bound, under the quota lock,
+// in the transaction that adds the tasks it counts.
+func (q *Q) SetPendingBound(id uuid.UUID, bound int64) error {
+	if err := q.g.Exec("UPDATE users SET pending_bound = ? WHERE id = ?", bound, id).Error; err != nil {
+		return fmt.Errorf("store pending bound: %w", mapErr(err))
+	}
+	return nil
+}
+
+// ForgetPendingBound drops the user's pending-task bound, so that the next
+// submission under a quota counts: for pending tasks added without the quota
+// (none configured, or a superuser's). It writes nothing when there is none.
+func (q *Q) ForgetPendingBound(id uuid.UUID) error {
+	if err := q.g.Exec("UPDATE users SET pending_bound = NULL WHERE id = ? AND pending_bound IS NOT NULL", id).Error; err != nil {
+		return fmt.Errorf("forget pending bound: %w", mapErr(err))
+	}
+	return nil
+}
+
 // Usage kinds counted by CountUsage.
 const (
 	UsageWorkers      = "workers"
