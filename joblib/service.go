@@ -35,6 +35,7 @@ type Service struct {
 	cache     ResultCache
 	rates     rateLimits
 	progress  *progressCoalescer
+	reports   *reportBatcher
 
 	node        Node
 	lease       atomic.Pointer[Lease] // this node's lease, once NewLease made it
@@ -99,6 +100,9 @@ func New(cfg Config) *Service {
 	s.progress = newProgressCoalescer(s.publishNow, func() float64 { return s.Settings().TaskProgressRate })
 	s.runner = newInternalRunner(s)
 	s.relay = newRelay(s)
+	s.reports = newReportBatcher(func(ctx context.Context, user uuid.UUID, ups []models.HotUpdate) ([]models.HotTask, error) {
+		return s.db.UpdateTasksHot(ctx, ups, hotTransitions, user, s.hotNotify())
+	})
 	s.node = cfg.Node
 	if s.node.ID == "" {
 		n, err := NewNode(cfg.Settings.NodeID)

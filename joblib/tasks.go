@@ -409,12 +409,14 @@ func (s *Service) UpdateTaskReport(ctx context.Context, p Principal, u TaskUpdat
 		s.progress.flush(id) // its last progress goes before its end
 	}
 	if s.hotEligible(status, errMsg) {
-		hts, err := s.db.UpdateTasksHot(ctx, []models.HotUpdate{toHotUpdate(id, status, errMsg, stored)}, hotTransitions, p.ID, s.hotNotify())
+		// Sent with the other reports of p's workers that wait meanwhile
+		// (see reportBatcher).
+		ht, err := s.reports.report(ctx, p.ID, toHotUpdate(id, status, errMsg, stored))
 		if err != nil {
 			return Task{}, err
 		}
-		if len(hts) == 1 {
-			return s.publishHot(ctx, hts)[0], nil
+		if ht != nil {
+			return s.publishHot(ctx, []models.HotTask{*ht})[0], nil
 		}
 		// Missing, not held by a worker of the caller's (a superuser's
 		// override is audited there), lost or in another state: the general
