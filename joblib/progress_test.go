@@ -36,16 +36,18 @@ func progressEvents(ems []events.Emission, id uuid.UUID) []events.TaskProgressEv
 // A worker that stays alive (it heart-beats throughout) but hangs on one
 // task has that task timed out by the running sweeper within task_timeout
 // plus one sweep interval of the claim; its other task, whose progress it
-// keeps reporting, outlives its heartbeat_timeout many times over, and
-// times out within heartbeat_timeout (plus an interval) of the last report
-// once the reports stop. The worker is never cleaned.
+// keeps reporting, outlives its heartbeat_timeout twice over, and times out
+// within heartbeat_timeout (plus an interval) of the last report once the
+// reports stop. The worker is never cleaned. (The heartbeat_timeout of 2 s
+// leaves the reporting loop, one report per 150 ms, 1.8 s of slack on a
+// starved machine.)
 func TestHungWorkerTaskTimesOutWhileProgressKeepsTaskAlive(t *testing.T) {
 	t.Parallel()
 	dbtest.Each(t, func(t *testing.T, db *models.DB) {
 		const interval = 200 * time.Millisecond
 		b := setup(t, db, func(s *joblib.Settings) { s.WorkerTimeout, s.SweeperInterval = time.Second, interval })
 		w := b.timedJob("hung", joblib.RegisterJobParams{TaskTimeout: secs(2)})
-		_, _, err := b.svc.RegisterJob(b.ctx, b.alice, "r", joblib.RegisterJobParams{Category: "modifiers", Name: "busy", WorkerID: &w, HeartbeatTimeout: secs(1)})
+		_, _, err := b.svc.RegisterJob(b.ctx, b.alice, "r", joblib.RegisterJobParams{Category: "modifiers", Name: "busy", WorkerID: &w, HeartbeatTimeout: secs(2)})
 		b.must(err)
 		sw := joblib.NewSweeper(b.svc, joblib.SweeperConfig{Jitter: -1, Probe: 50 * time.Millisecond})
 		b.must(sw.Start(b.ctx))
@@ -74,8 +76,8 @@ func TestHungWorkerTaskTimesOutWhileProgressKeepsTaskAlive(t *testing.T) {
 		var hungAt time.Duration
 		for {
 			el := time.Since(start)
-			if reporting && el < 3500*time.Millisecond {
-				b.progress(b.alice, busy, joblib.Progress{Current: num(el.Seconds()), Total: num(4)})
+			if reporting && el < 4500*time.Millisecond {
+				b.progress(b.alice, busy, joblib.Progress{Current: num(el.Seconds()), Total: num(5)})
 				lastReport = time.Now()
 			} else {
 				reporting = false
@@ -88,15 +90,15 @@ func TestHungWorkerTaskTimesOutWhileProgressKeepsTaskAlive(t *testing.T) {
 				if reporting {
 					t.Fatalf("the reporting task timed out after %s", el)
 				}
-				if since := time.Since(lastReport); since < time.Second || since > time.Second+interval+time.Second {
-					t.Fatalf("the task timed out %s after its last progress, want 1s (+ one interval)", since)
+				if since := time.Since(lastReport); since < 2*time.Second || since > 2*time.Second+interval+time.Second {
+					t.Fatalf("the task timed out %s after its last progress, want 2s (+ one interval)", since)
 				}
-				if *tk.Error != "Task timed out: heartbeat_timeout of 1s passed without progress" {
+				if *tk.Error != "Task timed out: heartbeat_timeout of 2s passed without progress" {
 					t.Fatalf("error %q", *tk.Error)
 				}
 				break
 			}
-			if el > 10*time.Second {
+			if el > 12*time.Second {
 				t.Fatalf("the task whose reports stopped is still %s", tk.Status)
 			}
 			time.Sleep(150 * time.Millisecond)
