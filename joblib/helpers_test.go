@@ -3,6 +3,7 @@ package joblib_test
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -148,4 +149,19 @@ func statusEvents(ems []events.Emission) map[string][]events.TaskStatusEvent {
 		}
 	}
 	return out
+}
+
+// counting reopens a PostgreSQL test database with a pool that counts the
+// statements it sends in stmts (SQLite's db is returned as it is).
+func counting(t *testing.T, db *models.DB, stmts *atomic.Int64) *models.DB {
+	t.Helper()
+	if db.Dialect() != models.Postgres {
+		return db
+	}
+	counted, err := models.Open(context.Background(), db.URL(), models.OpenOptions{Statements: stmts})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { counted.Close() })
+	return counted
 }

@@ -24,14 +24,7 @@ func TestPendingQuotaExactUnderConcurrentSubmitters(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, db *models.DB) {
 		ctx := context.Background()
 		var stmts atomic.Int64
-		if db.Dialect() == models.Postgres {
-			counted, err := models.Open(ctx, db.URL(), models.OpenOptions{Statements: &stmts})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { counted.Close() })
-			db = counted
-		}
+		db = counting(t, db, &stmts)
 		const quota = 25
 		b := setup(t, db, func(s *joblib.Settings) { s.UserMaxPendingTasks = quota; s.SubmitRate = 0 })
 		j := jobSpec{name: "Quota"}

@@ -22,14 +22,7 @@ func TestConcurrentReportsAreEachAppliedOnce(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, db *models.DB) {
 		ctx := context.Background()
 		var stmts atomic.Int64
-		if db.Dialect() == models.Postgres {
-			counted, err := models.Open(ctx, db.URL(), models.OpenOptions{Statements: &stmts})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { counted.Close() })
-			db = counted
-		}
+		db = counting(t, db, &stmts)
 		b := setup(t, db, func(s *joblib.Settings) { s.SubmitRate = 0 })
 		j := jobSpec{name: "Reports"}
 		const workers, each = 4, 60
