@@ -34,6 +34,7 @@ type Message struct {
 
 	frames atomic.Pointer[[]byte] // the websocket frames, built on first use (see wsFrames)
 	raw    []byte                 // websocket bytes still to write after a partial direct write
+	open   bool                   // the open packet: nothing, not even a due ping, goes before it
 }
 
 // NewMessage builds a text message carrying data, followed by the binary
@@ -467,7 +468,7 @@ func (c *Conn) openPacket() *Message {
 		PingTimeout  int64    `json:"pingTimeout"`
 		MaxPayload   int64    `json:"maxPayload"`
 	}{c.id, upgrades, cfg.PingInterval.Milliseconds(), cfg.PingTimeout.Milliseconds(), cfg.MaxPayload})
-	return &Message{text: append([]byte{'0' + byte(wire.EIOOpen)}, data...)}
+	return &Message{text: append([]byte{'0' + byte(wire.EIOOpen)}, data...), open: true}
 }
 
 // startHeartbeat arms the first ping.

@@ -190,3 +190,23 @@ func TestHeartbeatWritesDirectly(t *testing.T) {
 		t.Fatal("session closed")
 	}
 }
+
+// The open packet is the first frame of a websocket session even when the
+// first ping is due before the writer that sends the open packet has run: a
+// heartbeat jumps queued messages, never the handshake. 300 sessions whose
+// first ping is due at once (a 1 ns interval: the writer's first turn often
+// comes after it; a starved machine can delay it past any interval). Before
+// the fix the first few sessions already saw "2" first.
+func TestOpenPacketGoesBeforeAnEarlyPing(t *testing.T) {
+	t.Parallel()
+	h := newConnHandler()
+	_, hs := start(t, Config{PingInterval: time.Nanosecond, PingTimeout: 5 * time.Second}, h)
+	for i := range 300 {
+		ws := dial(t, hs.URL, "")
+		if _, first := read(t, ws); !strings.HasPrefix(first, "0{") {
+			t.Fatalf("session %d: first frame %q, want the open packet", i, first)
+		}
+		<-h.conns
+		_ = ws.CloseNow()
+	}
+}

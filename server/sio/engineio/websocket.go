@@ -297,10 +297,19 @@ func (c *Conn) runWriter() {
 		} else if ping || len(batch) > 0 {
 			clear(bufs)
 			bufs = bufs[:0]
+			rest := batch
 			if ping {
+				// A due ping jumps the queue, but never the open packet: a
+				// heartbeat that fires before this writer's first turn
+				// (a short ping interval, a starved machine) would
+				// otherwise reach the client before the handshake.
+				if len(rest) > 0 && rest[0].open {
+					bufs = append(bufs, rest[0].wsFrames())
+					rest = rest[1:]
+				}
 				bufs = append(bufs, msgPing.wsFrames())
 			}
-			for _, m := range batch {
+			for _, m := range rest {
 				bufs = append(bufs, m.wsFrames())
 			}
 			if !c.writeFrames(ws, wc, bufs) {
