@@ -212,19 +212,11 @@ func (db *DB) ClaimTasksHot(ctx context.Context, workerID, userID uuid.UUID, lim
 	// every execution (0.3 ms each): its generic plan claims as well
 	// (TestPlansAtScale), so it is forced (see genericPlanSQL). A single claim
 	// gets the generic plan from PostgreSQL's own choice.
+	var pre []any
 	if limit > 1 || start {
-		var b pgx.Batch
-		b.Queue(genericPlanSQL)
-		b.Queue(claimSQL, claimArgs(workerID, userID, limit, start, n)).Query(scan)
-		err = db.Pool.SendBatch(ctx, &b).Close()
-	} else {
-		var rows pgx.Rows
-		if rows, err = db.Pool.Query(ctx, claimSQL, claimArgs(workerID, userID, limit, start, n)); err == nil {
-			err = scan(rows)
-			rows.Close()
-		}
+		pre = []any{genericPlanSQL}
 	}
-	if err != nil {
+	if err := db.queryHot(ctx, pre, claimSQL, claimArgs(workerID, userID, limit, start, n), scan); err != nil {
 		return false, nil, fmt.Errorf("claim tasks: %w", mapErr(err))
 	}
 	return owned, ts, nil
@@ -236,9 +228,10 @@ func (db *DB) ClaimTasksHot(ctx context.Context, workerID, userID uuid.UUID, lim
 // (@quota = 0: no quota; the caller holds the user's quota lock, see
 // SubmitTaskHot). The creator's pending bound (migration 170) answers
 // that without a count while it is below @quota (the count, an initplan
-// under CASE, then never runs); the statement stores the bound plus its task,
-// or the count plus its task, or, without a quota, forgets the bound. The queue position counts the pending tasks ahead of it
-// over the index (the new row is not in the statement's snapshot: hence
+// under CASE, then never runs); the statement stores the bound plus its
+// task, or the count plus its task, or, without a quota, forgets the
+// bound. The queue position counts the pending tasks ahead of it over the
+// index (the new row is not in the statement's snapshot: hence
 // the 1 +). Besides the status event (HotNotify's arguments) it writes
 // task_available for the job's workers to the outbox (both or neither):
 // @av_prefix, @av_middle, @av_suffix and @av_room_prefix are its frame.
@@ -323,20 +316,11 @@ func (db *DB) SubmitTaskHot(ctx context.Context, id uuid.UUID, room, category, n
 		}
 		return rows.Err()
 	}
-	var err error
+	var pre []any
 	if quota > 0 {
-		var b pgx.Batch
-		b.Queue(lockUserSQL, createdBy)
-		b.Queue(submitSQL, args).Query(scan)
-		err = db.Pool.SendBatch(ctx, &b).Close()
-	} else {
-		var rows pgx.Rows
-		if rows, err = db.Pool.Query(ctx, submitSQL, args); err == nil {
-			err = scan(rows)
-			rows.Close()
-		}
+		pre = []any{lockUserSQL, createdBy}
 	}
-	if err != nil {
+	if err := db.queryHot(ctx, pre, submitSQL, args, scan); err != nil {
 		return HotTask{}, false, fmt.Errorf("insert task: %w", mapErr(err))
 	}
 	return t, ok, nil
@@ -463,8 +447,10 @@ func (db *DB) UpdateTasksHot(ctx context.Context, ups []HotUpdate, transitions [
 	if db.Pool == nil {
 		return nil, ErrNoHotPath
 	}
+	var pre []any
 	if len(ups) > 1 {
 		ups = slices.SortedFunc(slices.Values(ups), func(a, b HotUpdate) int { return bytes.Compare(a.ID[:], b.ID[:]) })
+		pre = append(pre, genericPlanSQL) // the array form: see genericPlanSQL
 	}
 	sql, args := updateArgs(ups, transitions, userID, n)
 	var out []HotTask
@@ -478,19 +464,7 @@ func (db *DB) UpdateTasksHot(ctx context.Context, ups []HotUpdate, transitions [
 		}
 		return rows.Err()
 	}
-	var err error
-	if one := len(ups) == 1; one {
-		var rows pgx.Rows
-		if rows, err = db.Pool.Query(ctx, sql, args); err == nil {
-			err = scan(rows)
-			rows.Close()
-		}
-	} else {
-		var b pgx.Batch
-		b.Queue(genericPlanSQL)
-		b.Queue(sql, args).Query(scan)
-		err = db.Pool.SendBatch(ctx, &b).Close()
-	}
+	err := db.queryHot(ctx, pre, sql, args, scan)
 	if retryable(err) {
 		return nil, nil // a deadlock victim changed nothing: the general path retries each
 	}
@@ -508,3 +482,22 @@ func (db *DB) UpdateTasksHot(ctx context.Context, ups []HotUpdate, transitions [
 // statement took 1.1 ms, 60 % of a batch report of two. Its generic plan finds
 // the tasks by key like the custom one (TestPlansAtScale).
 const genericPlanSQL = "SELECT set_config('plan_cache_mode', 'force_generic_plan', true)"
+
+// queryHot runs sql with args and hands its rows to scan. A pre statement,
+// when given (with its arguments), goes first in the same round trip, as one
+// pipeline that PostgreSQL runs as one implicit transaction: a lock the
+// statement's snapshot must follow, or genericPlanSQL.
+func (db *DB) queryHot(ctx context.Context, pre []any, sql string, args pgx.NamedArgs, scan func(pgx.Rows) error) error {
+	if len(pre) == 0 {
+		rows, err := db.Pool.Query(ctx, sql, args)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		return scan(rows)
+	}
+	var b pgx.Batch
+	b.Queue(pre[0].(string), pre[1:]...)
+	b.Queue(sql, args).Query(scan)
+	return db.Pool.SendBatch(ctx, &b).Close()
+}
