@@ -13,7 +13,7 @@ import (
 )
 
 // Concurrent status reports of one user's workers, on both databases: 16
-// reporters take 240 held tasks through running and completed, each report
+// reporters take 120 held tasks through running and completed, each report
 // answered with its own task in the status it asked for, every task ends
 // completed with exactly one status event per change, and on PostgreSQL the
 // reports share statements (group commit): fewer statements than reports.
@@ -25,7 +25,7 @@ func TestConcurrentReportsAreEachAppliedOnce(t *testing.T) {
 		db = counting(t, db, &stmts)
 		b := setup(t, db, func(s *joblib.Settings) { s.SubmitRate = 0 })
 		j := jobSpec{name: "Reports"}
-		const workers, each = 4, 60
+		const workers, each = 4, 30
 		var held []uuid.UUID
 		for range workers {
 			w := b.worker(j)
