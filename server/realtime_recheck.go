@@ -127,7 +127,8 @@ func (rt *Realtime) recheckSocket(s *sio.Socket, credAge, roomAge time.Duration)
 	for sioRoom, g := range gates {
 		// Each question has the host's own timeout: a socket in many rooms
 		// does not run out of time and leave the last ones as unavailable.
-		reason := refusal(rt.rooms.checkFresh(rt.ctx, st.p, st.token, g.room, g.access, roomAge))
+		err := rt.rooms.checkHeld(rt.ctx, st.p, st.token, g.room, g.access, roomAge)
+		reason := refusal(err)
 		if reason == "" || rt.ctx.Err() != nil {
 			continue
 		}
@@ -138,7 +139,7 @@ func (rt *Realtime) recheckSocket(s *sio.Socket, credAge, roomAge time.Duration)
 		}
 		st.mu.Unlock()
 		if same && s.Leave(sioRoom) {
-			rt.log.Info("socket left a room the host no longer grants", "socket", s.ID(), "user", st.p.Name, "room", g.room, "reason", reason)
+			rt.log.Info("socket left a room the host no longer grants", "socket", s.ID(), "user", st.p.Name, "room", g.room, "reason", reason, "err", err)
 			_ = s.Emit(roomLeftEvent, roomLeft(g, reason))
 		}
 	}
@@ -182,8 +183,9 @@ func roomLeft(g roomGate, reason string) map[string]string {
 // admitRooms asks the host again about the UI rooms of a session being
 // recovered (RecoveryConfig.Admit), reusing only answers the re-check would
 // reuse: a room it refuses is not restored, and the client hears room_left
-// for it after its CONNECT; a room it cannot answer for is refused too
-// unless room auth fails open.
+// for it after its CONNECT; a room it cannot answer for is refused too,
+// unless room auth fails open or this node holds an allowing answer younger
+// than the outage grace (RoomAuthConfig.OutageGrace).
 func (rt *Realtime) admitRooms(ctx context.Context, s *sio.Socket, rooms []string) []string {
 	st, _ := s.Data().(*connState)
 	if rt.rooms == nil || st == nil {
@@ -200,9 +202,9 @@ func (rt *Realtime) admitRooms(ctx context.Context, s *sio.Socket, rooms []strin
 			continue
 		}
 		g := roomGate{room: id, access: accessRead}
-		if err := rt.rooms.checkFresh(ctx, st.p, st.token, id, accessRead, roomAge); err != nil {
+		if err := rt.rooms.checkHeld(ctx, st.p, st.token, id, accessRead, roomAge); err != nil {
 			reason := cmp.Or(refusal(err), leftUnavailable)
-			rt.log.Info("recovered socket not given back a room", "socket", s.ID(), "user", st.p.Name, "room", id, "reason", reason)
+			rt.log.Info("recovered socket not given back a room", "socket", s.ID(), "user", st.p.Name, "room", id, "reason", reason, "err", err)
 			_ = s.Emit(roomLeftEvent, roomLeft(g, reason))
 			continue
 		}

@@ -46,11 +46,21 @@ type RoomAuthConfig struct {
 	// FailOpen allows access when the host cannot be reached; by default
 	// such calls answer 503 (fail closed).
 	FailOpen bool `env:"ROOM_AUTH_FAIL_OPEN" envDefault:"false"`
+	// OutageGrace is how long a room a socket already holds outlives a host
+	// that stops answering: the socket's periodic re-check (and a session
+	// recovered on the same node) keeps a room the host allowed within this
+	// time, while new joins and REST calls fail closed. A host restart or a
+	// slow answer then does not take every UI out of its rooms. 0 leaves
+	// the room at the first unanswered re-check. The grace is counted from
+	// the host's last allowing answer cached on this node, so it needs
+	// CacheTTL > 0.
+	OutageGrace time.Duration `env:"ROOM_AUTH_OUTAGE_GRACE" envDefault:"5m"`
 }
 
 // DefaultRoomAuthConfig returns the documented defaults (disabled).
 func DefaultRoomAuthConfig() RoomAuthConfig {
-	return RoomAuthConfig{Timeout: 2 * time.Second, CacheTTL: 5 * time.Second, CacheSize: 10000, Rate: 50, Burst: 500}
+	return RoomAuthConfig{Timeout: 2 * time.Second, CacheTTL: 5 * time.Second, CacheSize: 10000, Rate: 50, Burst: 500,
+		OutageGrace: 5 * time.Minute}
 }
 
 func (c RoomAuthConfig) validate() error {
@@ -66,6 +76,9 @@ func (c RoomAuthConfig) validate() error {
 	}
 	if c.CacheTTL < 0 || c.CacheSize < 1 {
 		return fmt.Errorf("JOBLIB_ROOM_AUTH_CACHE_TTL must not be negative and JOBLIB_ROOM_AUTH_CACHE_SIZE must be positive")
+	}
+	if c.OutageGrace < 0 {
+		return fmt.Errorf("JOBLIB_ROOM_AUTH_OUTAGE_GRACE must not be negative, got %s", c.OutageGrace)
 	}
 	if c.Rate < 0 || (c.Rate > 0 && c.Burst < 1) {
 		return fmt.Errorf("JOBLIB_ROOM_AUTH_RATE must not be negative and JOBLIB_ROOM_AUTH_BURST must be positive, got %g and %d", c.Rate, c.Burst)
@@ -162,8 +175,22 @@ func (ra *roomAuth) check(ctx context.Context, p joblib.Principal, token, room, 
 }
 
 // checkFresh is check reusing only an answer younger than maxAge (at most
-// the cache TTL): the sockets' re-check uses it to keep its bound.
+// the cache TTL).
 func (ra *roomAuth) checkFresh(ctx context.Context, p joblib.Principal, token, room, access string, maxAge time.Duration) error {
+	return ra.checkGrant(ctx, p, token, room, access, maxAge, 0)
+}
+
+// checkHeld is checkFresh for a room a socket already holds (the sockets'
+// re-check, a recovered session): when the host does not answer, an
+// allowing answer cached less than OutageGrace ago still stands. A refusal
+// is never outlived.
+func (ra *roomAuth) checkHeld(ctx context.Context, p joblib.Principal, token, room, access string, maxAge time.Duration) error {
+	return ra.checkGrant(ctx, p, token, room, access, maxAge, ra.cfg.OutageGrace)
+}
+
+// checkGrant is checkFresh where an allowing answer younger than grace
+// stands in for a host that cannot answer.
+func (ra *roomAuth) checkGrant(ctx context.Context, p joblib.Principal, token, room, access string, maxAge, grace time.Duration) error {
 	if ra == nil || specialRoom(room) {
 		return nil
 	}
@@ -183,7 +210,7 @@ func (ra *roomAuth) checkFresh(ctx context.Context, p joblib.Principal, token, r
 		}
 		allowed, err := ra.ask(ctx, p, token, room, access)
 		if err != nil {
-			if ra.cfg.FailOpen {
+			if ra.cfg.FailOpen || (cached && e.allowed && now.Sub(e.at) < grace) {
 				return nil
 			}
 			return err

@@ -331,23 +331,52 @@ func TestSocketLeavesWithdrawnRoom(t *testing.T) {
 			t.Fatalf("re-join %v", a)
 		}
 
-		// The host goes away: fail closed leaves the room, fail open keeps it.
-		for _, failOpen := range []bool{false, true} {
+		// The host goes away. A socket keeps the room it holds for the
+		// outage grace (events of the room still reach it; new calls about
+		// the room fail closed), then leaves it; with no grace it leaves at
+		// the first unanswered re-check; failing open, it stays.
+		for _, tc := range []struct {
+			name     string
+			failOpen bool
+			grace    time.Duration
+		}{{"no grace", false, 0}, {"grace", false, 3 * time.Second}, {"fail open", true, 0}} {
 			down := newRoomHost(t)
 			e2, c := hostedEnv(t, db, down, func(c *server.Config) {
 				c.CredentialCacheTTL = cfg.CredentialCacheTTL
-				c.RoomAuth.CacheTTL, c.RoomAuth.FailOpen = cfg.RoomAuth.CacheTTL, failOpen
+				c.RoomAuth.CacheTTL, c.RoomAuth.FailOpen, c.RoomAuth.OutageGrace = cfg.RoomAuth.CacheTTL, tc.failOpen, tc.grace
 			}, realtimeCfg())
+			e2.registerJob(e2.admin, "@global", "modifiers", "J")
+			task := e2.submit(e2.admin, "open", "@global:modifiers:J", nil)
 			s := mustDialSIO(t, e2.url, e2.bob)
 			s.mustCall("join_room", map[string]any{"room_id": "open"})
 			down.srv.Close()
+			hostDown := time.Now()
 			time.Sleep(c.RoomAuth.CacheTTL + 700*time.Millisecond)
 			got := s.eventsNamed("room_left")
 			switch {
-			case !failOpen && (len(got) != 1 || got[0].Payload["reason"] != "unavailable" || got[0].Payload["room"] != "open"):
-				t.Fatalf("fail closed, host down: room_left %v", got)
-			case failOpen && len(got) != 0:
-				t.Fatalf("fail open, host down: room_left %v", got)
+			case tc.grace == 0 && !tc.failOpen && (len(got) != 1 || got[0].Payload["reason"] != "unavailable" || got[0].Payload["room"] != "open"):
+				t.Fatalf("%s, host down: room_left %v", tc.name, got)
+			case (tc.grace > 0 || tc.failOpen) && len(got) != 0:
+				t.Fatalf("%s, host down for %s: room_left %v", tc.name, time.Since(hostDown), got)
+			}
+			if tc.grace == 0 {
+				continue
+			}
+			// The held room still delivers, while a call about the room
+			// fails closed.
+			if !tc.failOpen {
+				e2.do(e2.bob, "GET", api+"/rooms/open/jobs", nil).problem(503, "room-auth-unavailable")
+			}
+			e2.do(e2.admin, "PATCH", api+"/tasks/"+task, map[string]any{"status": "cancelled"}).want(200)
+			s.waitEvent("task_status_event", 5*time.Second, func(m map[string]any) bool { return m["id"] == task && m["status"] == "cancelled" })
+			// Past the grace (counted from the host's last answer, the join's)
+			// the room goes.
+			left := s.waitEvent("room_left", tc.grace+5*time.Second, nil)
+			if left.Payload["reason"] != "unavailable" || left.Payload["room"] != "open" {
+				t.Fatalf("%s: room_left %v", tc.name, left.Payload)
+			}
+			if d := left.At.Sub(hostDown); d < tc.grace-c.RoomAuth.CacheTTL {
+				t.Fatalf("%s: left the room %s after the host went down, within the grace of %s", tc.name, d, tc.grace)
 			}
 		}
 	})

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -187,10 +188,24 @@ func (a *agent) waitFor(what string, timeout time.Duration, pred func(agentEvent
 			}
 		}
 		if time.Now().After(deadline) || a.dead != nil {
-			a.t.Fatalf("timed out after %s waiting for %s", timeout, what)
+			a.t.Fatalf("timed out after %s waiting for %s; the sockets' last events:\n%s", timeout, what, a.lastEvents(40))
 		}
 		a.cond.Wait()
 	}
+}
+
+// lastEvents formats the last n events the sockets received, oldest
+// first, for a failure message. The caller holds a.mu.
+func (a *agent) lastEvents(n int) string {
+	var b strings.Builder
+	for _, e := range a.events[max(0, len(a.events)-n):] {
+		payload := string(e.Payload)
+		if len(payload) > 160 {
+			payload = payload[:160] + "…"
+		}
+		fmt.Fprintf(&b, "  %s %s %s %s %s\n", e.At.Format("15:04:05.000"), e.Sock, e.Event, e.Reason, payload)
+	}
+	return b.String()
 }
 
 // received returns the events a socket received so far.

@@ -171,14 +171,14 @@ func TestConfigCredentials(t *testing.T) {
 	}
 	s, st := def.Server, def.Settings
 	if s.JWTAudience != "fastapi-users:auth" || s.JWTAlgorithm != "HS256" || s.JWTLeeway != 30*time.Second || s.CredentialCacheTTL != 5*time.Second ||
-		s.RoomAuth.URL != "" || s.RoomAuth.Timeout != 2*time.Second || s.RoomAuth.CacheTTL != 5*time.Second || s.RoomAuth.CacheSize != 10000 || s.RoomAuth.FailOpen || s.RoomAuth.Rate != 50 || s.RoomAuth.Burst != 500 || s.AuthFailureRate != 50 || s.AuthFailureBurst != 500 ||
+		s.RoomAuth.URL != "" || s.RoomAuth.Timeout != 2*time.Second || s.RoomAuth.CacheTTL != 5*time.Second || s.RoomAuth.CacheSize != 10000 || s.RoomAuth.FailOpen || s.RoomAuth.OutageGrace != 5*time.Minute || s.RoomAuth.Rate != 50 || s.RoomAuth.Burst != 500 || s.AuthFailureRate != 50 || s.AuthFailureBurst != 500 ||
 		st.UserMaxWorkers != 1000 || st.UserMaxProviders != 1000 || st.UserMaxPendingTasks != 100000 {
 		t.Fatalf("defaults %+v %+v", s, st)
 	}
 	cfg, err := loadConfig(map[string]string{
 		"JOBLIB_JWT_AUDIENCE": "aud", "JOBLIB_JWT_ISSUER": "iss", "JOBLIB_JWT_ALGORITHM": "HS512", "JOBLIB_JWT_SUPERUSER_CLAIM": "is_superuser",
 		"JOBLIB_ALLOWED_ORIGINS": "app.example.com,*.example.org", "JOBLIB_ROOM_AUTH_URL": "http://host/rooms", "JOBLIB_ROOM_AUTH_FAIL_OPEN": "true",
-		"JOBLIB_ROOM_AUTH_CACHE_TTL": "1s", "JOBLIB_USER_MAX_WORKERS": "0", "JOBLIB_CREDENTIAL_CACHE_TTL": "0s",
+		"JOBLIB_ROOM_AUTH_CACHE_TTL": "1s", "JOBLIB_ROOM_AUTH_OUTAGE_GRACE": "0s", "JOBLIB_USER_MAX_WORKERS": "0", "JOBLIB_CREDENTIAL_CACHE_TTL": "0s",
 		"JOBLIB_TRUSTED_PROXIES": "10.0.0.0/8, fd00::/8",
 	})
 	if err != nil {
@@ -187,7 +187,7 @@ func TestConfigCredentials(t *testing.T) {
 	s = cfg.Server
 	if s.JWTAudience != "aud" || s.JWTIssuer != "iss" || s.JWTAlgorithm != "HS512" || s.JWTSuperuserClaim != "is_superuser" ||
 		!reflect.DeepEqual(s.AllowedOrigins, []string{"app.example.com", "*.example.org"}) || s.RoomAuth.URL != "http://host/rooms" ||
-		!s.RoomAuth.FailOpen || s.RoomAuth.CacheTTL != time.Second || cfg.Settings.UserMaxWorkers != 0 || s.CredentialCacheTTL != 0 ||
+		!s.RoomAuth.FailOpen || s.RoomAuth.CacheTTL != time.Second || s.RoomAuth.OutageGrace != 0 || cfg.Settings.UserMaxWorkers != 0 || s.CredentialCacheTTL != 0 ||
 		len(s.TrustedProxies) != 2 {
 		t.Fatalf("parsed %+v", s)
 	}
