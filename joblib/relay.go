@@ -3,6 +3,7 @@ package joblib
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/zndraw/joblib/events"
@@ -24,6 +25,17 @@ const relayInterval = time.Second
 // relayBatch is the most rows one relay transaction sends.
 const relayBatch = 500
 
+// relayMinGap spaces the passes of a busy relay. A pass costs PostgreSQL a
+// transaction (the relay lock, the DELETE, a commit that wakes the listener
+// of every node) whether it carries one event or fifty, and a relay woken
+// after every commit ran back to back under load with one or two events per
+// pass: 2.3 passes per task in the contract flow. A wake within relayMinGap
+// of the previous pass's start waits for the rest of the gap, so a pass
+// carries what several commits wrote (0.8 passes per task, BENCHMARKS.md),
+// at the price of at most relayMinGap of extra latency under load; a wake
+// after a quiet spell runs at once.
+const relayMinGap = 3 * time.Millisecond
+
 type relay struct {
 	// life runs the loop: a Stop waits for the last pass, and a second
 	// Stop at the same time waits for the first.
@@ -35,8 +47,10 @@ type relay struct {
 	// once starts the loop at the first poke, or is spent by a stop so
 	// that nothing starts it again.
 	once sync.Once
-	// interval is relayInterval, shorter in tests.
-	interval time.Duration
+	// interval is relayInterval, shorter in tests; gap is relayMinGap.
+	interval, gap time.Duration
+	// passes counts the relay passes (tests).
+	passes atomic.Int64
 }
 
 func newRelay(s *Service) *relay {
@@ -44,7 +58,7 @@ func newRelay(s *Service) *relay {
 	if !ok || s.db == nil || !s.db.Caps().Outbox {
 		return nil
 	}
-	return &relay{s: s, tb: tb, wake: make(chan struct{}, 1), interval: relayInterval}
+	return &relay{s: s, tb: tb, wake: make(chan struct{}, 1), interval: relayInterval, gap: relayMinGap}
 }
 
 // start runs the relay until stop; later calls do nothing.
@@ -83,23 +97,42 @@ func (r *relay) stop() {
 func (r *relay) run(ctx context.Context) {
 	t := time.NewTicker(r.interval)
 	defer t.Stop()
+	var last time.Time // the previous pass's start
 	for {
 		select {
 		case <-ctx.Done():
-			fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			r.flush(fctx)
-			cancel()
+			r.lastFlush()
 			return
 		case <-r.wake:
 		case <-t.C:
 		}
+		if wait := r.gap - time.Since(last); wait > 0 {
+			gap := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				gap.Stop()
+				r.lastFlush()
+				return
+			case <-gap.C:
+			}
+		}
+		last = time.Now()
 		r.flush(ctx)
 	}
+}
+
+// lastFlush is the pass at stop: what has committed goes out before the
+// process does.
+func (r *relay) lastFlush() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	r.flush(ctx)
 }
 
 // flush sends every committed outbox row, a batch at a time.
 func (r *relay) flush(ctx context.Context) {
 	for ctx.Err() == nil {
+		r.passes.Add(1)
 		n, err := r.s.db.RelayOutbox(ctx, r.tb.Channel(), relayBatch)
 		if err != nil {
 			if ctx.Err() == nil {

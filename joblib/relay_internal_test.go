@@ -301,3 +301,75 @@ func TestRelayKeepsEachTaskInOrderAcrossNodes(t *testing.T) {
 		}
 	}
 }
+
+// A busy relay spaces its passes (relayMinGap): commits that each wake it
+// while it is at work share passes, so the passes are at most one per gap,
+// while every row still goes out, once and in order. A wake after a quiet
+// spell is relayed at once, without waiting for a gap. The gap here is 50
+// ms (in production 3 ms) so that the bounds hold on a loaded machine.
+func TestRelaySpacesItsPassesUnderLoad(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := dbtest.Open(t, models.Postgres)
+	other, err := models.Open(ctx, db.URL(), models.OpenOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { other.Close() })
+	a := events.NewPGBus(db.Pool, "a", nil)
+	b := events.NewPGBus(other.Pool, "b", nil)
+	for _, bus := range []*events.PGBus{a, b} {
+		if err := bus.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(bus.Stop)
+	}
+	remote := newSeen()
+	b.Subscribe(remote.add)
+	s := New(Config{DB: db, Bus: a})
+	s.relay.interval = time.Hour // only pokes relay here
+	s.relay.gap = 50 * time.Millisecond
+	t.Cleanup(s.Close)
+	write := func(room string) {
+		t.Helper()
+		msg, err := a.Notification(ctx, []events.Emission{{Room: room, Event: events.JobsInvalidate{}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := db.Tx(ctx, func(q *models.Q) error { return q.WriteOutbox(msg) }); err != nil {
+			t.Fatal(err)
+		}
+		s.relay.poke()
+	}
+
+	// After a quiet spell: at once (the relay has never run).
+	start := time.Now()
+	write("quiet")
+	remote.waitFor(t, "quiet")
+	if d := time.Since(start); d >= s.relay.gap {
+		t.Errorf("an event after a quiet spell took %s, the relay waited out a gap of %s", d, s.relay.gap)
+	}
+	time.Sleep(2 * s.relay.gap)
+
+	// Under load: commits one after the other, each waking the relay.
+	const n = 200
+	p0 := s.relay.passes.Load()
+	start = time.Now()
+	want := []string{"quiet"}
+	for i := range n {
+		room := fmt.Sprintf("r%03d", i)
+		want = append(want, room)
+		write(room)
+	}
+	got := remote.waitFor(t, want[n])
+	took := time.Since(start)
+	passes := s.relay.passes.Load() - p0
+	if limit := int64(took/s.relay.gap) + 2; passes > limit {
+		t.Errorf("%d commits in %s took %d relay passes, want at most one per %s gap (%d)", n, took, passes, s.relay.gap, limit)
+	}
+	time.Sleep(2 * s.relay.gap) // anything sent twice would follow
+	if got = remote.list(); !slices.Equal(got, want) {
+		t.Fatalf("received %d events, want %d once each in order:\n%v", len(got), len(want), got)
+	}
+	t.Logf("%d commits in %s, %d relay passes", n, took.Round(time.Millisecond), passes)
+}
