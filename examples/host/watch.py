@@ -19,7 +19,7 @@ import sys
 import requests
 import socketio
 
-EVENTS = ["jobs_invalidate", "providers_invalidate", "task_status_event", "provider_result_ready"]
+EVENTS = ["jobs_invalidate", "providers_invalidate", "task_status_event", "provider_result_ready", "room_left"]
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--host", required=True, help="the host app's origin (login)")
