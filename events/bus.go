@@ -65,6 +65,10 @@ type TxBus interface {
 // object + Suffix, sent with pg_notify(Channel, ...).
 type NotifyFrame struct {
 	Channel, Prefix, Middle, Suffix string
+	// ID is the batch id the prefix carries: the rows a statement writes
+	// with this frame come back to this node's listener under it (see
+	// PGBus.OnEcho).
+	ID uint64
 }
 
 // LocalBus is the in-process Bus for a single node. The zero value is ready.

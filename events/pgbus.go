@@ -49,6 +49,8 @@ type PGBus struct {
 	scope string
 	// listenerPID is the backend of the LISTEN connection (tests).
 	listenerPID atomic.Uint32
+	// echo is OnEcho's func(uint64), nil until set.
+	echo atomic.Value
 
 	life  startstop.Base // the listener, the spill cleaner, the gap expiry
 	mu    sync.Mutex
@@ -207,9 +209,11 @@ func (b *PGBus) Frame(eventName string) NotifyFrame {
 	node, _ := json.Marshal(b.node)
 	scope, _ := json.Marshal(b.scope)
 	name, _ := json.Marshal(eventName)
+	id := b.ids.Add(1)
 	return NotifyFrame{
+		ID:      id,
 		Channel: b.Channel(),
-		Prefix:  `{"n":` + string(node) + `,"d":` + string(scope) + `,"i":` + strconv.FormatUint(b.ids.Add(1), 10) + `,"e":[{"r":`,
+		Prefix:  `{"n":` + string(node) + `,"d":` + string(scope) + `,"i":` + strconv.FormatUint(id, 10) + `,"e":[{"r":`,
 		Middle:  `,"t":` + string(name) + `,"p":`,
 		Suffix:  `}]}`,
 	}
@@ -318,7 +322,19 @@ func (b *PGBus) receive(ctx context.Context, payload string) {
 			return
 		}
 	}
+	if batch.ID != 0 && batch.Node == b.node {
+		if fn, _ := b.echo.Load().(func(uint64)); fn != nil {
+			fn(batch.ID)
+		}
+	}
 	receiveBatch(batch, b.LocalBus, &b.names, b.track, &b.mon, b.log)
 }
+
+// OnEcho makes the listener call fn with the id of every batch of this
+// node's frames (Frame) it receives: the relay of some node has sent it,
+// and with it every row of the statement that used the frame. The outbox
+// relay uses it to skip a pass that would find its rows already sent. fn
+// runs on the listener and must not block; a later call replaces it.
+func (b *PGBus) OnEcho(fn func(frame uint64)) { b.echo.Store(fn) }
 
 var _ TxBus = (*PGBus)(nil)

@@ -389,3 +389,58 @@ func TestPGBusDropsBatchesOfOtherScopes(t *testing.T) {
 		t.Fatalf("delivered %d batches, want only the one of this schema", len(got.got))
 	}
 }
+
+// OnEcho hears the frames of its own node only: node B's frames are
+// numbered from 1 too, and must not pass for node A's (A's relay would take
+// its own rows for sent). Batches built by Notification carry no frame.
+func TestPGBusEchoesItsOwnFrames(t *testing.T) {
+	t.Parallel()
+	url := dbtest.MigratedURL(t, models.Postgres)
+	ctx := context.Background()
+	db, err := models.Open(ctx, url, models.OpenOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	open := func(node string) *events.PGBus {
+		b := events.NewPGBus(db.Pool, node, nil)
+		if err := b.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(b.Stop)
+		return b
+	}
+	a, b := open("node-a"), open("node-b")
+	var mu sync.Mutex
+	var echoed []uint64
+	a.OnEcho(func(f uint64) { mu.Lock(); echoed = append(echoed, f); mu.Unlock() })
+	onA := newCollector()
+	a.Subscribe(onA.add)
+	notify := func(payload string) {
+		t.Helper()
+		if _, err := db.Pool.Exec(ctx, "SELECT pg_notify($1, $2)", a.Channel(), payload); err != nil {
+			t.Fatal(err)
+		}
+	}
+	framed := func(bus *events.PGBus, room string) uint64 {
+		f := bus.Frame(events.JobsInvalidate{}.EventName())
+		notify(f.Prefix + `"` + room + `"` + f.Middle + "{}" + f.Suffix)
+		return f.ID
+	}
+	fb := framed(b, "from-b") // B's first frame: the same id as A's first
+	msg, err := a.Notification(ctx, []events.Emission{{Room: "plain", Event: events.JobsInvalidate{}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	notify(msg)
+	fa := framed(a, "from-a")
+	if fa != fb {
+		t.Fatalf("frame ids %d and %d: the test wants the same id on both nodes", fa, fb)
+	}
+	onA.wait(t, 3)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(echoed) != 1 || echoed[0] != fa {
+		t.Fatalf("node A's echoes %v, want its own frame %d only", echoed, fa)
+	}
+}

@@ -2,6 +2,7 @@ package joblib
 
 import (
 	"context"
+	"slices"
 
 	"github.com/zndraw/joblib/events"
 	"github.com/zndraw/joblib/models"
@@ -17,7 +18,7 @@ func (s *Service) hotNotify() models.HotNotify {
 	f := tb.Frame(events.TaskStatusEvent{}.EventName())
 	return models.HotNotify{
 		Channel: f.Channel, Prefix: f.Prefix, Middle: f.Middle, Suffix: f.Suffix,
-		RoomPrefix: events.Room(""), MaxBytes: events.MaxNotifyBytes,
+		RoomPrefix: events.Room(""), MaxBytes: events.MaxNotifyBytes, ID: f.ID,
 	}
 }
 
@@ -43,7 +44,13 @@ func (s *Service) publishHot(ctx context.Context, hts []models.HotTask) []Task {
 	}
 	tb.Deliver(ems)
 	if len(late) < len(ems) {
-		s.relay.poke()
+		var frames []uint64
+		for _, ht := range hts {
+			if ht.Notified && !slices.Contains(frames, ht.Frame) {
+				frames = append(frames, ht.Frame)
+			}
+		}
+		s.relay.pokeFrames(frames...)
 	}
 	if len(late) > 0 {
 		s.notifyLate(ctx, tb, late)

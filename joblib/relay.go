@@ -18,6 +18,15 @@ import (
 // relayInterval, which sends what a node that died between its commit and
 // its relay left behind. Every node relays; the relays of one schema take
 // turns (a lock), so the rows go out in order.
+//
+// A pass sends every committed row, whichever node wrote it, so a node whose
+// rows another node's relay already sent need not run one. The hot
+// statements write their rows under a frame whose id comes back to this
+// node's listener with them (events.PGBus.OnEcho): the relay keeps the frame
+// ids it was woken for until they come back or until a pass of its own that
+// began after the wake succeeds, and a wake finds nothing to do once all of
+// them came back. A wake that names no frame (the general path's rows)
+// always runs a pass.
 
 // relayInterval is how often the relay looks for rows nobody was woken for.
 const relayInterval = time.Second
@@ -51,6 +60,14 @@ type relay struct {
 	interval, gap time.Duration
 	// passes counts the relay passes (tests).
 	passes atomic.Int64
+
+	mu sync.Mutex
+	// owed maps each frame id this node was woken for, and has not seen
+	// come back, to the wake's generation (gen when it was added).
+	owed map[uint64]uint64
+	gen  uint64
+	// blind: a wake named no frame since the last pass began.
+	blind bool
 }
 
 func newRelay(s *Service) *relay {
@@ -58,7 +75,11 @@ func newRelay(s *Service) *relay {
 	if !ok || s.db == nil || !s.db.Caps().Outbox {
 		return nil
 	}
-	return &relay{s: s, tb: tb, wake: make(chan struct{}, 1), interval: relayInterval, gap: relayMinGap}
+	r := &relay{s: s, tb: tb, wake: make(chan struct{}, 1), interval: relayInterval, gap: relayMinGap, owed: map[uint64]uint64{}}
+	if e, ok := tb.(interface{ OnEcho(func(uint64)) }); ok {
+		e.OnEcho(r.echo)
+	}
+	return r
 }
 
 // start runs the relay until stop; later calls do nothing.
@@ -73,10 +94,73 @@ func (r *relay) start() {
 }
 
 // poke wakes the relay: something was written to the outbox and committed.
+// The next pass runs whatever has come back meanwhile.
 func (r *relay) poke() {
 	if r == nil {
 		return
 	}
+	r.mu.Lock()
+	r.blind = true
+	r.mu.Unlock()
+	r.wakeUp()
+}
+
+// pokeFrames wakes the relay for rows written and committed under the
+// frames of the given ids (see the relay's comment). Without ids it is
+// poke.
+func (r *relay) pokeFrames(frames ...uint64) {
+	if r == nil {
+		return
+	}
+	if len(frames) == 0 {
+		r.poke()
+		return
+	}
+	r.mu.Lock()
+	r.gen++
+	for _, f := range frames {
+		r.owed[f] = r.gen
+	}
+	r.mu.Unlock()
+	r.wakeUp()
+}
+
+// echo is told that the rows of a frame of this node were sent.
+func (r *relay) echo(frame uint64) {
+	r.mu.Lock()
+	delete(r.owed, frame)
+	r.mu.Unlock()
+}
+
+// due reports whether a pass has anything to do for the wakes so far, and
+// the generation of the last of them. A pass that succeeds settles them
+// (settle).
+func (r *relay) due() (bool, uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	due := r.blind || len(r.owed) > 0
+	r.blind = false
+	return due, r.gen
+}
+
+// settle forgets the frames of wakes up to generation gen: a pass that
+// began after them and succeeded sent their rows, or found them sent. A
+// pass that failed leaves them, and the next wake runs a pass again.
+func (r *relay) settle(ok bool, gen uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !ok {
+		r.blind = true
+		return
+	}
+	for f, g := range r.owed {
+		if g <= gen {
+			delete(r.owed, f)
+		}
+	}
+}
+
+func (r *relay) wakeUp() {
 	r.start()
 	select {
 	case r.wake <- struct{}{}:
@@ -99,12 +183,14 @@ func (r *relay) run(ctx context.Context) {
 	defer t.Stop()
 	var last time.Time // the previous pass's start
 	for {
+		tick := false
 		select {
 		case <-ctx.Done():
 			r.lastFlush()
 			return
 		case <-r.wake:
 		case <-t.C:
+			tick = true
 		}
 		if wait := r.gap - time.Since(last); wait > 0 {
 			gap := time.NewTimer(wait)
@@ -116,8 +202,12 @@ func (r *relay) run(ctx context.Context) {
 			case <-gap.C:
 			}
 		}
+		due, gen := r.due()
+		if !due && !tick {
+			continue // everything this node was woken for has come back
+		}
 		last = time.Now()
-		r.flush(ctx)
+		r.settle(r.flush(ctx), gen)
 	}
 }
 
@@ -129,8 +219,9 @@ func (r *relay) lastFlush() {
 	r.flush(ctx)
 }
 
-// flush sends every committed outbox row, a batch at a time.
-func (r *relay) flush(ctx context.Context) {
+// flush sends every committed outbox row, a batch at a time. It reports
+// whether it got to the end.
+func (r *relay) flush(ctx context.Context) bool {
 	for ctx.Err() == nil {
 		r.passes.Add(1)
 		n, err := r.s.db.RelayOutbox(ctx, r.tb.Channel(), relayBatch)
@@ -140,10 +231,11 @@ func (r *relay) flush(ctx context.Context) {
 				// retries them.
 				r.s.log.Error("relay event outbox", "err", err)
 			}
-			return
+			return false
 		}
 		if n < relayBatch {
-			return
+			return true
 		}
 	}
+	return false
 }

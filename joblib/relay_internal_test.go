@@ -2,6 +2,7 @@ package joblib
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"slices"
@@ -377,4 +378,82 @@ func TestRelaySpacesItsPassesUnderLoad(t *testing.T) {
 		t.Fatalf("received %d events, want %d once each in order:\n%v", len(got), len(want), got)
 	}
 	t.Logf("%d commits in %s, %d relay passes", n, took.Round(time.Millisecond), passes)
+}
+
+// A node whose rows another node's relay sent skips its own pass: node A's
+// wake for a frame whose rows came back to its listener (node B relayed
+// them) finds nothing to do, while a wake that names no frame always runs a
+// pass (TestRelayRollbackAndStop). Every row is received once, in order.
+func TestRelaySkipsWhatAnotherNodeSent(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := dbtest.Open(t, models.Postgres)
+	open := func(node string) (*models.DB, *events.PGBus) {
+		d, err := models.Open(ctx, db.URL(), models.OpenOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { d.Close() })
+		b := events.NewPGBus(d.Pool, node, nil)
+		if err := b.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(b.Stop)
+		return d, b
+	}
+	dbA, busA := open("a")
+	dbB, busB := open("b")
+	_, busC := open("c")
+	remote, onA := newSeen(), newSeen()
+	busC.Subscribe(remote.add)
+	busA.Subscribe(onA.add)
+	a := New(Config{DB: dbA, Bus: busA})
+	a.relay.interval = time.Hour
+	a.relay.gap = time.Second // long enough for B to relay within it
+	b := New(Config{DB: dbB, Bus: busB})
+	b.relay.interval = time.Hour
+	for _, s := range []*Service{a, b} {
+		t.Cleanup(s.Close)
+	}
+	// A statement of node A writes a row under a frame, as the hot
+	// statements do; A's relay is woken for the frame separately.
+	write := func(room string) uint64 {
+		t.Helper()
+		f := busA.Frame(events.JobsInvalidate{}.EventName())
+		r, _ := json.Marshal(room)
+		msg := f.Prefix + string(r) + f.Middle + "{}" + f.Suffix
+		if err := dbA.Tx(ctx, func(q *models.Q) error { return q.WriteOutbox(msg) }); err != nil {
+			t.Fatal(err)
+		}
+		return f.ID
+	}
+	// A wake whose frame came back before it (B relayed the row first):
+	// the frame stays owed until a pass of A's own settles it.
+	first := write("first")
+	b.relay.poke()
+	remote.waitFor(t, "first")
+	onA.waitFor(t, "first")   // A's listener has had the echo
+	a.relay.pokeFrames(first) // a quiet relay: A's pass at once
+	waitUntil(t, func() bool { return a.relay.passes.Load() == 1 })
+	// A wake within A's gap, whose row B's pass sends meanwhile.
+	a.relay.pokeFrames(write("second"))
+	b.relay.poke()
+	remote.waitFor(t, "second")
+	time.Sleep(a.relay.gap + 300*time.Millisecond)
+	if p := a.relay.passes.Load(); p != 1 {
+		t.Errorf("node A ran %d relay passes, want 1: its second wake's row had come back from B's pass", p)
+	}
+	if p := b.relay.passes.Load(); p < 1 {
+		t.Errorf("node B ran %d relay passes", p)
+	}
+	if got := remote.list(); !slices.Equal(got, []string{"first", "second"}) {
+		t.Fatalf("received %v", got)
+	}
+	var left int
+	if err := db.Pool.QueryRow(ctx, "SELECT count(*) FROM joblib_event_outbox").Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if left != 0 {
+		t.Fatalf("%d rows left in the outbox", left)
+	}
 }

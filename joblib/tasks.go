@@ -242,9 +242,11 @@ func (s *Service) submitHot(ctx context.Context, p Principal, room, fullName, bo
 	}
 	n := s.hotNotify()
 	var a models.AvailableFrame
+	var availableFrame uint64
 	if tb := s.txBus(); tb != nil {
 		f := tb.Frame(events.TaskAvailable{}.EventName())
 		a = models.AvailableFrame{Prefix: f.Prefix, Middle: f.Middle, Suffix: f.Suffix, JobRoomPrefix: events.JobRoom("")}
+		availableFrame = f.ID
 	}
 	ht, ok, err := s.db.SubmitTaskHot(ctx, uuid.New(), jroom, cat, name, room, p.ID, body, timeout, quota, n, a)
 	if err != nil || !ok {
@@ -258,7 +260,7 @@ func (s *Service) submitHot(ctx context.Context, p Principal, room, fullName, bo
 	if tb := s.txBus(); tb != nil {
 		tb.Deliver(ems)
 		if ht.Notified {
-			s.relay.poke()
+			s.relay.pokeFrames(ht.Frame, availableFrame) // the statement writes both rows or neither
 		} else {
 			s.notifyLate(ctx, tb, ems)
 		}

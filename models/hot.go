@@ -35,6 +35,9 @@ type HotNotify struct {
 	// written and the row comes back with Notified false (the caller
 	// publishes it).
 	MaxBytes int
+	// ID is the frame's batch id (events.NotifyFrame.ID): each notified
+	// HotTask carries it as Frame.
+	ID uint64
 }
 
 // hotTaskCols are the columns scanTask reads, from the changed task u and
@@ -100,6 +103,19 @@ func (h HotNotify) set(a pgx.NamedArgs) pgx.NamedArgs {
 type HotTask struct {
 	Task
 	Notified bool
+	// Frame is the batch id its event was written to the outbox under
+	// (HotNotify.ID); 0 when not Notified.
+	Frame uint64
+}
+
+// framed sets Frame on the notified tasks of ts.
+func framed(ts []HotTask, n HotNotify) []HotTask {
+	for i := range ts {
+		if ts[i].Notified {
+			ts[i].Frame = n.ID
+		}
+	}
+	return ts
 }
 
 func scanHotTask(row pgx.Rows) (HotTask, error) {
@@ -203,7 +219,7 @@ func (db *DB) ClaimTasksHot(ctx context.Context, workerID, userID uuid.UUID, lim
 			owned = ok
 			if id != nil {
 				t.ID, t.Seq, t.JobID, t.RoomID, t.Payload, t.Status, t.Attempt = *id, *seq, *jobID, *roomID, *payload, *status, *attempt
-				ts = append(ts, t)
+				ts = append(ts, framed([]HotTask{t}, n)...)
 			}
 		}
 		return rows.Err()
@@ -312,6 +328,7 @@ func (db *DB) SubmitTaskHot(ctx context.Context, id uuid.UUID, room, category, n
 			if t, err = scanHotTask(rows); err != nil {
 				return err
 			}
+			t = framed([]HotTask{t}, n)[0]
 			ok = true
 		}
 		return rows.Err()
@@ -460,7 +477,7 @@ func (db *DB) UpdateTasksHot(ctx context.Context, ups []HotUpdate, transitions [
 			if err != nil {
 				return err
 			}
-			out = append(out, t)
+			out = append(out, framed([]HotTask{t}, n)...)
 		}
 		return rows.Err()
 	}
