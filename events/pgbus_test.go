@@ -195,14 +195,7 @@ func TestPGBusReportsListenerReconnect(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	open := func(node string) *events.PGBus {
-		b := events.NewPGBus(db.Pool, node, nil)
-		if err := b.Start(ctx); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(b.Stop)
-		return b
-	}
+	open := func(node string) *events.PGBus { return startBus(t, db, node) }
 	a, b := open("rc-a"), open("rc-b")
 	gaps := watchGaps(b.Monitor())
 	onB := newCollector()
@@ -402,14 +395,7 @@ func TestPGBusEchoesItsOwnFrames(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	open := func(node string) *events.PGBus {
-		b := events.NewPGBus(db.Pool, node, nil)
-		if err := b.Start(ctx); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(b.Stop)
-		return b
-	}
+	open := func(node string) *events.PGBus { return startBus(t, db, node) }
 	a, b := open("node-a"), open("node-b")
 	var mu sync.Mutex
 	var echoed []uint64
@@ -443,4 +429,15 @@ func TestPGBusEchoesItsOwnFrames(t *testing.T) {
 	if len(echoed) != 1 || echoed[0] != fa {
 		t.Fatalf("node A's echoes %v, want its own frame %d only", echoed, fa)
 	}
+}
+
+// startBus starts a bus for node on db's pool, stopped with the test.
+func startBus(t *testing.T, db *models.DB, node string) *events.PGBus {
+	t.Helper()
+	b := events.NewPGBus(db.Pool, node, nil)
+	if err := b.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Stop)
+	return b
 }

@@ -25,19 +25,7 @@ func TestRelaySendsWhatADeadNodeLeft(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := dbtest.Open(t, models.Postgres)
-	open := func(node string) (*models.DB, *events.PGBus) {
-		d, err := models.Open(ctx, db.URL(), models.OpenOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { d.Close() })
-		b := events.NewPGBus(d.Pool, node, nil)
-		if err := b.Start(ctx); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(b.Stop)
-		return d, b
-	}
+	open := func(node string) (*models.DB, *events.PGBus) { return relayNode(t, db, node) }
 	_, dead := open("dead")
 	dbA, busA := open("a")
 	dbB, busB := open("b")
@@ -118,19 +106,8 @@ func TestRelayRollbackAndStop(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := dbtest.Open(t, models.Postgres)
-	other, err := models.Open(ctx, db.URL(), models.OpenOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { other.Close() })
-	a := events.NewPGBus(db.Pool, "a", nil)
-	b := events.NewPGBus(other.Pool, "b", nil)
-	for _, bus := range []*events.PGBus{a, b} {
-		if err := bus.Start(ctx); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(bus.Stop)
-	}
+	a := startBus(t, db, "a")
+	_, b := relayNode(t, db, "b")
 	remote := newSeen()
 	b.Subscribe(remote.add)
 	s := New(Config{DB: db, Bus: a})
@@ -184,6 +161,30 @@ func TestRelayRollbackAndStop(t *testing.T) {
 
 var errTestRollback = fmt.Errorf("roll back")
 
+// relayNode opens a pool of its own on db and starts a PostgreSQL bus for
+// node on it, as a joblib node would.
+func relayNode(t *testing.T, db *models.DB, node string) (*models.DB, *events.PGBus) {
+	t.Helper()
+	ctx := context.Background()
+	d, err := models.Open(ctx, db.URL(), models.OpenOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d, startBus(t, d, node)
+}
+
+// startBus starts a PostgreSQL bus for node on db's pool.
+func startBus(t *testing.T, db *models.DB, node string) *events.PGBus {
+	t.Helper()
+	b := events.NewPGBus(db.Pool, node, nil)
+	if err := b.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Stop)
+	return b
+}
+
 // Tasks go through their lifecycle on two nodes at once, each step on the
 // other node than the one before (submit on A, claim on B, running on A,
 // completed on B), eight workers in parallel on the one-statement paths: a
@@ -193,19 +194,7 @@ func TestRelayKeepsEachTaskInOrderAcrossNodes(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := dbtest.Open(t, models.Postgres)
-	open := func(node string) (*models.DB, *events.PGBus) {
-		d, err := models.Open(ctx, db.URL(), models.OpenOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { d.Close() })
-		b := events.NewPGBus(d.Pool, node, nil)
-		if err := b.Start(ctx); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(b.Stop)
-		return d, b
-	}
+	open := func(node string) (*models.DB, *events.PGBus) { return relayNode(t, db, node) }
 	dbA, busA := open("a")
 	dbB, busB := open("b")
 	_, busC := open("c")
@@ -313,19 +302,8 @@ func TestRelaySpacesItsPassesUnderLoad(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := dbtest.Open(t, models.Postgres)
-	other, err := models.Open(ctx, db.URL(), models.OpenOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { other.Close() })
-	a := events.NewPGBus(db.Pool, "a", nil)
-	b := events.NewPGBus(other.Pool, "b", nil)
-	for _, bus := range []*events.PGBus{a, b} {
-		if err := bus.Start(ctx); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(bus.Stop)
-	}
+	a := startBus(t, db, "a")
+	_, b := relayNode(t, db, "b")
 	remote := newSeen()
 	b.Subscribe(remote.add)
 	service := func(gap time.Duration) *Service {
@@ -388,19 +366,7 @@ func TestRelaySkipsWhatAnotherNodeSent(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := dbtest.Open(t, models.Postgres)
-	open := func(node string) (*models.DB, *events.PGBus) {
-		d, err := models.Open(ctx, db.URL(), models.OpenOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { d.Close() })
-		b := events.NewPGBus(d.Pool, node, nil)
-		if err := b.Start(ctx); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(b.Stop)
-		return d, b
-	}
+	open := func(node string) (*models.DB, *events.PGBus) { return relayNode(t, db, node) }
 	dbA, busA := open("a")
 	dbB, busB := open("b")
 	_, busC := open("c")
