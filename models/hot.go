@@ -108,14 +108,12 @@ type HotTask struct {
 	Frame uint64
 }
 
-// framed sets Frame on the notified tasks of ts.
-func framed(ts []HotTask, n HotNotify) []HotTask {
-	for i := range ts {
-		if ts[i].Notified {
-			ts[i].Frame = n.ID
-		}
+// framed returns t with Frame set when its event was written under n.
+func (n HotNotify) framed(t HotTask) HotTask {
+	if t.Notified {
+		t.Frame = n.ID
 	}
-	return ts
+	return t
 }
 
 func scanHotTask(row pgx.Rows) (HotTask, error) {
@@ -219,7 +217,7 @@ func (db *DB) ClaimTasksHot(ctx context.Context, workerID, userID uuid.UUID, lim
 			owned = ok
 			if id != nil {
 				t.ID, t.Seq, t.JobID, t.RoomID, t.Payload, t.Status, t.Attempt = *id, *seq, *jobID, *roomID, *payload, *status, *attempt
-				ts = append(ts, framed([]HotTask{t}, n)...)
+				ts = append(ts, n.framed(t))
 			}
 		}
 		return rows.Err()
@@ -328,7 +326,7 @@ func (db *DB) SubmitTaskHot(ctx context.Context, id uuid.UUID, room, category, n
 			if t, err = scanHotTask(rows); err != nil {
 				return err
 			}
-			t = framed([]HotTask{t}, n)[0]
+			t = n.framed(t)
 			ok = true
 		}
 		return rows.Err()
@@ -477,7 +475,7 @@ func (db *DB) UpdateTasksHot(ctx context.Context, ups []HotUpdate, transitions [
 			if err != nil {
 				return err
 			}
-			out = append(out, framed([]HotTask{t}, n)...)
+			out = append(out, n.framed(t))
 		}
 		return rows.Err()
 	}

@@ -171,25 +171,21 @@ func (ra *roomAuth) check(ctx context.Context, p joblib.Principal, token, room, 
 	if ra == nil {
 		return nil
 	}
-	return ra.checkFresh(ctx, p, token, room, access, ra.cfg.CacheTTL)
+	return ra.checkGrant(ctx, p, token, room, access, ra.cfg.CacheTTL, 0)
 }
 
-// checkFresh is check reusing only an answer younger than maxAge (at most
-// the cache TTL).
-func (ra *roomAuth) checkFresh(ctx context.Context, p joblib.Principal, token, room, access string, maxAge time.Duration) error {
-	return ra.checkGrant(ctx, p, token, room, access, maxAge, 0)
-}
-
-// checkHeld is checkFresh for a room a socket already holds (the sockets'
-// re-check, a recovered session): when the host does not answer, an
-// allowing answer cached less than OutageGrace ago still stands. A refusal
-// is never outlived.
+// checkHeld is check for a room a socket already holds (the sockets'
+// re-check, a recovered session), reusing only an answer younger than maxAge
+// (at most the cache TTL), so that the re-check keeps its bound. When the
+// host does not answer, an allowing answer cached less than OutageGrace ago
+// still stands; a refusal is never outlived.
 func (ra *roomAuth) checkHeld(ctx context.Context, p joblib.Principal, token, room, access string, maxAge time.Duration) error {
 	return ra.checkGrant(ctx, p, token, room, access, maxAge, ra.cfg.OutageGrace)
 }
 
-// checkGrant is checkFresh where an allowing answer younger than grace
-// stands in for a host that cannot answer.
+// checkGrant is check reusing only an answer younger than maxAge, where an
+// allowing answer younger than grace stands in for a host that cannot
+// answer.
 func (ra *roomAuth) checkGrant(ctx context.Context, p joblib.Principal, token, room, access string, maxAge, grace time.Duration) error {
 	if ra == nil || specialRoom(room) {
 		return nil
