@@ -65,10 +65,7 @@ func TestProxyBesideHostApp(t *testing.T) {
 
 	// The host app: logins and rooms.
 	secret := "host-secret-" + uuid.NewString()
-	hostAddr := freeAddr(t)
-	_, hostPort, _ := net.SplitHostPort(hostAddr)
-	host := startPython(t, "host", []string{"JWT_SECRET=" + secret}, "../../examples/host/app.py", "--port", hostPort)
-	waitHTTP(t, "http://"+hostAddr+"/healthz")
+	host, hostAddr := startHost(t, secret)
 
 	// Two joblib nodes sharing the host's JWT secret and asking it about rooms.
 	token := "jl_proxy_" + uuid.NewString()
@@ -423,9 +420,13 @@ func proxyFile(t *testing.T, path string, repl map[string]string) string {
 // (those it has) and edits made. It returns the base URL.
 func startNginx(t *testing.T, file string, upstreams, edits map[string]string) string {
 	t.Helper()
+	return onFreePort(t, func(addr string) (string, bool) { return runNginx(t, file, addr, upstreams, edits) })
+}
+
+func runNginx(t *testing.T, file, addr string, upstreams, edits map[string]string) (string, bool) {
+	t.Helper()
 	path := "../../deploy/nginx/" + file
 	raw, _ := os.ReadFile(path)
-	addr := freeAddr(t)
 	repl := map[string]string{"listen 80;": "listen " + addr + ";"}
 	for k, v := range upstreams {
 		if strings.Contains(string(raw), "server "+k) {
@@ -459,7 +460,11 @@ func startNginx(t *testing.T, file string, upstreams, edits map[string]string) s
 // replaced by upstreams. It returns the base URL.
 func startCaddy(t *testing.T, file, site string, upstreams map[string]string) string {
 	t.Helper()
-	addr := freeAddr(t)
+	return onFreePort(t, func(addr string) (string, bool) { return runCaddy(t, file, site, addr, upstreams) })
+}
+
+func runCaddy(t *testing.T, file, site, addr string, upstreams map[string]string) (string, bool) {
+	t.Helper()
 	path := "../../deploy/caddy/" + file
 	raw, _ := os.ReadFile(path)
 	repl := map[string]string{site + " {": "http://" + addr + " {"}
@@ -479,9 +484,30 @@ func startCaddy(t *testing.T, file, site string, upstreams map[string]string) st
 	return runProxy(t, "caddy "+file, cmd, addr, "")
 }
 
+// onFreePort runs start on a free loopback address, and again on another
+// one (three tries in all) when start reports that another process took the
+// port first (see freeAddr).
+func onFreePort(t *testing.T, start func(addr string) (string, bool)) string {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		addr := freeAddr(t)
+		if url, ok := start(addr); ok {
+			return url
+		}
+		if attempt == 3 {
+			t.Fatalf("no free port in %d tries", attempt)
+		}
+		t.Logf("another process took %s first; trying another port", addr)
+	}
+}
+
 // runProxy starts a proxy and waits until it listens on addr; when the test
-// failed, its output and accessLog (if any) are logged.
-func runProxy(t *testing.T, name string, cmd *exec.Cmd, addr, accessLog string) string {
+// failed, its output and accessLog (if any) are logged. It reports false,
+// with the proxy stopped, when the proxy could not bind addr because
+// another process had taken it: that process may answer a dial before the
+// proxy gives up, so a proxy must still run a moment after the first dial
+// succeeds.
+func runProxy(t *testing.T, name string, cmd *exec.Cmd, addr, accessLog string) (string, bool) {
 	t.Helper()
 	out := &syncBuffer{}
 	cmd.Stderr, cmd.Stdout = out, out
@@ -501,10 +527,23 @@ func runProxy(t *testing.T, name string, cmd *exec.Cmd, addr, accessLog string) 
 			t.Logf("%s (%s):\n%s%s", name, addr, out, log)
 		}
 	})
+	taken := func() bool { return strings.Contains(strings.ToLower(out.String()), "address already in use") }
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		if c, err := net.Dial("tcp", addr); err == nil {
 			c.Close()
-			return "http://" + addr
+			// A failed bind is logged at once (nginx then keeps retrying
+			// for a few seconds before it exits).
+			select {
+			case <-done:
+			case <-time.After(300 * time.Millisecond):
+			}
+			if !taken() {
+				return "http://" + addr, true
+			}
+		}
+		if taken() {
+			_ = cmd.Process.Kill()
+			return "", false
 		}
 		select {
 		case <-done:
@@ -528,19 +567,39 @@ func freeAddr(t *testing.T) string {
 	return l.Addr().String()
 }
 
-// waitHTTP waits until url answers 200.
-func waitHTTP(t *testing.T, url string) {
+// startHost starts the example host app (examples/host) with the JWT
+// secret on a free port and waits until it answers. freeAddr's port is free
+// when it returns, but another process (a parallel test's node or proxy)
+// may bind it before the host does: uvicorn then exits with "address
+// already in use" while the other process answers on the port. The host's
+// own /healthz body ({"ok": true}) tells the two apart, and a host that
+// could not bind is started again on another port.
+func startHost(t *testing.T, secret string) (*pyProc, string) {
 	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if res, err := http.Get(url); err == nil {
-			res.Body.Close()
-			if res.StatusCode == 200 {
-				return
+	for attempt := 1; ; attempt++ {
+		addr := freeAddr(t)
+		_, port, _ := net.SplitHostPort(addr)
+		host := startPython(t, "host", []string{"JWT_SECRET=" + secret}, "../../examples/host/app.py", "--port", port)
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+			if strings.Contains(host.stderr.String(), "address already in use") {
+				break
+			}
+			var health struct {
+				OK bool `json:"ok"`
+			}
+			if res, err := http.Get("http://" + addr + "/healthz"); err == nil {
+				err = json.NewDecoder(res.Body).Decode(&health)
+				res.Body.Close()
+				if err == nil && res.StatusCode == 200 && health.OK {
+					return host, addr
+				}
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s did not answer 200 within 30 s", url)
+		_ = host.cmd.Process.Kill()
+		if attempt == 3 {
+			t.Fatalf("the host app did not answer on a port of its own in %d tries; its stderr:\n%s", attempt, host.stderr)
 		}
+		t.Logf("the host app could not bind %s (another process took the port); trying another", addr)
 	}
 }
 
