@@ -34,7 +34,7 @@ func TestOldEpochCleanupAfterRebindIsNoop(t *testing.T) {
 
 		res, err := b.svc.CleanupWorker(b.ctx, w, joblib.DisconnectCleanup(old))
 		b.must(err)
-		if res.Cleaned != 0 || res.TasksFailed != 0 || len(res.Tasks) != 0 {
+		if res.Cleaned != 0 || res.TasksFailed != 0 || res.TasksRequeued != 0 {
 			t.Fatalf("old-epoch cleanup acted: %d workers cleaned, %d tasks failed", res.Cleaned, res.TasksFailed)
 		}
 		if !b.workerExists(w) {
