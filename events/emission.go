@@ -23,6 +23,9 @@ func (e Emission) Payload() json.RawMessage {
 	if e.payload != nil {
 		return e.payload
 	}
+	if a, ok := e.Event.(jsonAppender); ok {
+		return a.appendJSON(make([]byte, 0, 320))
+	}
 	b, err := json.Marshal(e.Event)
 	if err != nil {
 		// Every Event type is a plain struct of JSON-safe fields.
