@@ -676,30 +676,42 @@ func TestFaultSlowDatabase(t *testing.T) {
 		}
 		return wid
 	}
+	// The socket client starts first: starting node can take seconds on a
+	// loaded machine, and a worker created before it would be reaped (no
+	// heartbeat for a worker timeout) before its socket joined.
+	ag := startAgent(t)
+	ag.connect("w", "http://"+p.addr, token)
 	rest, sock := newWorker(), newWorker()
+	ag.emit("w", "join_job_room", map[string]any{"job_name": "r:modifiers:J", "worker_id": sock})
 	// The REST worker heartbeats every second, as a client's background
-	// thread does, from now to the end.
-	stopBeats := make(chan struct{})
+	// thread does, from now to the end. The heartbeats never fail the test
+	// from their goroutine: they report to endBeats, which the test (or its
+	// cleanup, when it fails early) calls before the server stops.
+	beatCtx, stopBeats := context.WithCancel(context.Background())
 	beats := make(chan error, 1)
 	go func() {
 		tick := time.NewTicker(time.Second)
 		defer tick.Stop()
 		for {
 			select {
-			case <-stopBeats:
+			case <-beatCtx.Done():
 				beats <- nil
 				return
 			case <-tick.C:
 			}
-			if st, _, b := call(t, "PATCH", base+"/workers/"+rest, token, nil); st != 200 {
-				beats <- fmt.Errorf("heartbeat of the REST worker: %d %v", st, b)
+			if err := heartbeatOnce(beatCtx, base+"/workers/"+rest, token); err != nil {
+				beats <- fmt.Errorf("heartbeat of the REST worker: %w", err)
 				return
 			}
 		}
 	}()
-	ag := startAgent(t)
-	ag.connect("w", "http://"+p.addr, token)
-	ag.emit("w", "join_job_room", map[string]any{"job_name": "r:modifiers:J", "worker_id": sock})
+	var endOnce sync.Once
+	var beatErr error
+	endBeats := func() error {
+		endOnce.Do(func() { stopBeats(); beatErr = <-beats })
+		return beatErr
+	}
+	t.Cleanup(func() { endBeats() })
 
 	proxy.delay.Store(int64(100 * time.Millisecond)) // 200 ms per round trip from here on
 	const tasks = 6
@@ -738,8 +750,7 @@ func TestFaultSlowDatabase(t *testing.T) {
 	}
 	// Two worker timeouts and more under the latency.
 	time.Sleep(7 * time.Second)
-	close(stopBeats)
-	if err := <-beats; err != nil {
+	if err := endBeats(); err != nil {
 		t.Fatalf("%v\n%s", err, p.stderr)
 	}
 	proxy.delay.Store(0)
@@ -852,4 +863,28 @@ func TestFaultNATSOutage(t *testing.T) {
 	after := submit(t, a.base(), token, "n", "n:modifiers:J")
 	resumed := ag.waitFor("events flow again", 15*time.Second, statusIs("ui", after, "pending"))
 	t.Logf("NATS down 3 s: UI invalidated %s after NATS was back, events flowing %s after", inv.At.Sub(up).Round(time.Millisecond), resumed.At.Sub(up).Round(time.Millisecond))
+}
+
+// heartbeatOnce sends one REST heartbeat (PATCH) for the worker at url,
+// without a testing.T: it runs on a goroutine of its own. A request cut
+// short by ctx is not an error.
+func heartbeatOnce(ctx context.Context, url, token string) error {
+	req, err := http.NewRequestWithContext(ctx, "PATCH", url, nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	defer res.Body.Close()
+	body, _ := io.ReadAll(res.Body)
+	if res.StatusCode != http.StatusOK {
+		return fmt.Errorf("%d %s", res.StatusCode, body)
+	}
+	return nil
 }
