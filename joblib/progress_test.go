@@ -45,7 +45,13 @@ func TestHungWorkerTaskTimesOutWhileProgressKeepsTaskAlive(t *testing.T) {
 	t.Parallel()
 	dbtest.Each(t, func(t *testing.T, db *models.DB) {
 		const interval = 200 * time.Millisecond
-		b := setup(t, db, func(s *joblib.Settings) { s.WorkerTimeout, s.SweeperInterval = time.Second, interval })
+		// The worker heartbeats every 200 ms; a timeout of ten heartbeats
+		// keeps a loaded machine (CI runs the race detector on six packages
+		// at once) from making it stale, so that the tasks end by their own
+		// deadlines, not by a worker loss (a 1 s timeout once did). It stays
+		// under the hung task's 2 s: the sweeper's start-up guard (one worker
+		// timeout) must not hold its timeout back.
+		b := setup(t, db, func(s *joblib.Settings) { s.WorkerTimeout, s.SweeperInterval = 2*time.Second, interval })
 		w := b.timedJob("hung", joblib.RegisterJobParams{TaskTimeout: secs(2)})
 		_, _, err := b.svc.RegisterJob(b.ctx, b.alice, "r", joblib.RegisterJobParams{Category: "modifiers", Name: "busy", WorkerID: &w, HeartbeatTimeout: secs(2)})
 		b.must(err)
@@ -84,6 +90,9 @@ func TestHungWorkerTaskTimesOutWhileProgressKeepsTaskAlive(t *testing.T) {
 			}
 			if tk := b.task(hung); hungAt == 0 && tk.Status == models.StatusFailed {
 				hungAt = el
+				if tk.Error == nil || *tk.Error != "Task timed out: task_timeout of 2s passed since the claim" {
+					t.Fatalf("the hung task failed after %s with error %v, want its task_timeout", el, tk.Error)
+				}
 			}
 			tk := b.task(busy)
 			if tk.Status == models.StatusFailed {
