@@ -137,6 +137,14 @@ func Open(ctx context.Context, rawURL string, opts OpenOptions) (*DB, error) {
 	q.Add("_pragma", "journal_mode(WAL)")
 	q.Add("_pragma", "busy_timeout(10000)")
 	q.Add("_pragma", "synchronous(NORMAL)")
+	// Transactions take the write lock when they begin (BEGIN IMMEDIATE),
+	// so the busy timeout covers them. An operator command opens the file a
+	// running server has open; a deferred transaction that read and then
+	// wrote while the other process held or had just committed a write
+	// failed at once with "database is locked" (SQLITE_BUSY or
+	// SQLITE_BUSY_SNAPSHOT, which no wait resolves). Within one process
+	// nothing changes: its single connection runs one transaction at a time.
+	q.Add("_txlock", "immediate")
 	// time.Time arguments as "2006-01-02 15:04:05.999999999-07:00" (joblib
 	// passes its own Time, which writes text itself; this keeps any other
 	// time the form the previous driver wrote, not time.Time.String()).

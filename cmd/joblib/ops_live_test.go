@@ -122,8 +122,8 @@ func TestOperatorCommandsReachTheRunningServer(t *testing.T) {
 			if m := metricLines(t, p, `joblib_workers_cleaned_total{path="operator"}`); !strings.HasSuffix(m, " 1") {
 				t.Fatalf("operator cleanups counted by the server: %q", m)
 			}
-			if out, _, _ := runCLIErr(url, "sweep", "--fix", "--threshold", "30"); !strings.Contains(out, "cleaned 0 stale worker(s)") {
-				t.Fatalf("second sweep: %s", out)
+			if out, errOut, err := runCLIErr(url, "sweep", "--fix", "--threshold", "30"); !strings.Contains(out, "cleaned 0 stale worker(s)") {
+				t.Fatalf("second sweep: %s (%v)\n%s", out, err, errOut)
 			}
 
 			// The audit log names the operator, not the dashboard.
