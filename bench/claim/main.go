@@ -85,6 +85,7 @@ type options struct {
 	flow                   string
 	start                  bool
 	progressRate           int
+	warmup                 bool
 }
 
 func main() {
@@ -105,6 +106,7 @@ func main() {
 	flag.IntVar(&o.progressRate, "progress-rate", 0, "joblib: another worker reports this many task progresses per second (PATCH {\"progress\"}) on 100 tasks it holds while the workers claim and report")
 	flag.IntVar(&o.nodes, "nodes", 1, "PostgreSQL: joblib nodes on the one database, each with its own pool, event bus, relay and HTTP server; worker i and submitter i use node i mod N")
 	flag.IntVar(&o.priorities, "priorities", 0, "joblib: submit the tasks in this many priorities (0..n-1, mixed), so that claims take them by priority")
+	flag.BoolVar(&o.warmup, "warmup", false, "first run one round of each system that is not measured: each new connection plans a hot statement anew for its first executions (the claim's plan costs about 3 ms, six times per connection), a cost a running server has paid long ago")
 	flag.BoolVar(&o.floor, "floor", false, "PostgreSQL: also run the HTTP floor, the contract's three requests per task to a server that runs only the raw loop's statements")
 	flag.Parse()
 	if err := run(context.Background(), o); err != nil {
@@ -201,6 +203,25 @@ func run(ctx context.Context, o options) error {
 		}
 		defer jb.prof.Close()
 	}
+	if o.warmup {
+		prof := jb.prof
+		jb.prof = nil // the profile is of a measured round
+		_, err := jb.round(ctx)
+		jb.prof = prof
+		if err != nil {
+			return fmt.Errorf("warm-up: %w", err)
+		}
+		if rb != nil {
+			if _, err := rb.round(ctx); err != nil {
+				return fmt.Errorf("warm-up: %w", err)
+			}
+		}
+		if fb != nil {
+			if _, err := fb.round(ctx); err != nil {
+				return fmt.Errorf("warm-up: %w", err)
+			}
+		}
+	}
 	var jrs, rrs, frs []result
 	for range o.rounds {
 		jr, err := jb.round(ctx)
@@ -239,7 +260,7 @@ func run(ctx context.Context, o options) error {
 	if o.nodes > 1 {
 		label += fmt.Sprintf("-nodes%d", o.nodes)
 	}
-	fmt.Printf("database=%s workers=%d tasks/round=%d rounds=%d nodes=%d\n", db.Dialect(), o.workers, o.tasks, o.rounds, o.nodes)
+	fmt.Printf("database=%s workers=%d tasks/round=%d rounds=%d nodes=%d warmup=%t\n", db.Dialect(), o.workers, o.tasks, o.rounds, o.nodes, o.warmup)
 	jt := summary(label, jrs, db.Dialect() == models.Postgres)
 	if rb != nil {
 		name := "raw"
