@@ -51,6 +51,11 @@ type PGBus struct {
 	listenerPID atomic.Uint32
 	// echo is OnEcho's func(uint64), nil until set.
 	echo atomic.Value
+	// heard is when the listener last received a batch of this deployment,
+	// as the time since born (so that it keeps the monotonic clock); 0
+	// before the first.
+	born  time.Time
+	heard atomic.Int64
 
 	life  startstop.Base // the listener, the spill cleaner, the gap expiry
 	mu    sync.Mutex
@@ -82,7 +87,7 @@ func NewPGBus(pool *pgxpool.Pool, node string, log *slog.Logger) *PGBus {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &PGBus{LocalBus: NewLocalBus(), pool: pool, node: node, log: log, ready: make(chan struct{}), channel: Channel, track: newSeqTracker(ReorderWindow)}
+	return &PGBus{LocalBus: NewLocalBus(), pool: pool, node: node, log: log, ready: make(chan struct{}), channel: Channel, track: newSeqTracker(ReorderWindow), born: time.Now()}
 }
 
 // OneOrder implements OneOrder: every node reads one NOTIFY queue.
@@ -309,6 +314,7 @@ func (b *PGBus) receive(ctx context.Context, payload string) {
 	if batch.Scope != b.scope {
 		return
 	}
+	b.heard.Store(max(1, int64(time.Since(b.born))))
 	if batch.Ref != 0 {
 		var raw string
 		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -336,5 +342,18 @@ func (b *PGBus) receive(ctx context.Context, payload string) {
 // relay uses it to skip a pass that would find its rows already sent. fn
 // runs on the listener and must not block; a later call replaces it.
 func (b *PGBus) OnEcho(fn func(frame uint64)) { b.echo.Store(fn) }
+
+// LastHeard is when the listener last received a batch of this deployment,
+// from any node (the zero time before the first). Batches arrive when a
+// relay pass, of any node, commits: the outbox relay spaces its passes from
+// the last one heard, so that the nodes of a busy deployment do not each run
+// one per gap.
+func (b *PGBus) LastHeard() time.Time {
+	d := b.heard.Load()
+	if d == 0 {
+		return time.Time{}
+	}
+	return b.born.Add(time.Duration(d))
+}
 
 var _ TxBus = (*PGBus)(nil)

@@ -423,3 +423,101 @@ func TestRelaySkipsWhatAnotherNodeSent(t *testing.T) {
 		t.Fatalf("%d rows left in the outbox", left)
 	}
 }
+
+// A relay pass that finds another relay at work (it holds the relay lock)
+// sends nothing and does not wait for it: it tells its caller it was busy,
+// and the relay tries again a gap later, while what it was woken for is
+// still owed. Its rows are not lost when the other pass did not carry them:
+// once the lock is free, the retry sends them, once.
+func TestRelayFindingAnotherAtWorkTriesAgain(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := dbtest.Open(t, models.Postgres)
+	a := startBus(t, db, "a")
+	_, b := relayNode(t, db, "b")
+	remote := newSeen()
+	b.Subscribe(remote.add)
+	s := New(Config{DB: db, Bus: a})
+	s.relay.interval = time.Hour // only pokes relay here
+	s.relay.gap = 100 * time.Millisecond
+	t.Cleanup(s.Close)
+
+	msg, err := a.Notification(ctx, []events.Emission{{Room: "held", Event: events.JobsInvalidate{}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Tx(ctx, func(q *models.Q) error { return q.WriteOutbox(msg) }); err != nil {
+		t.Fatal(err)
+	}
+	// Another node's pass, stalled while holding the relay lock.
+	other, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Rollback(ctx)
+	if _, err := other.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext('joblib:outbox'), hashtext(current_schema()))"); err != nil {
+		t.Fatal(err)
+	}
+	if n, busy, err := db.RelayOutbox(ctx, a.Channel(), 10, false); err != nil || !busy || n != 0 {
+		t.Fatalf("a pass while another holds the lock: sent %d, busy %t, err %v; want nothing sent, busy", n, busy, err)
+	}
+
+	s.relay.poke()
+	waitUntil(t, func() bool { return s.relay.passes.Load() >= 3 }) // the pass and two retries, all busy
+	if got := remote.list(); len(got) != 0 {
+		t.Fatalf("received %v while the lock was held", got)
+	}
+	if err := other.Rollback(ctx); err != nil { // the other pass ends without sending
+		t.Fatal(err)
+	}
+	remote.waitFor(t, "held")
+	time.Sleep(3 * s.relay.gap) // anything sent twice would follow
+	if got := remote.list(); !slices.Equal(got, []string{"held"}) {
+		t.Fatalf("received %v, want the row once", got)
+	}
+}
+
+// The busy relays of a deployment share one gap: a node that hears another
+// node's pass spaces its own from that one, as from a pass of its own, so
+// that N busy nodes do not run N passes per gap. After a quiet spell a wake
+// still runs at once (TestRelaySpacesItsPassesUnderLoad).
+func TestRelaySpacesItsPassFromAnotherNodes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := dbtest.Open(t, models.Postgres)
+	dbA, busA := relayNode(t, db, "a")
+	dbB, busB := relayNode(t, db, "b")
+	remote := newSeen()
+	busB.Subscribe(remote.add)
+	a := New(Config{DB: dbA, Bus: busA})
+	a.relay.interval = time.Hour
+	b := New(Config{DB: dbB, Bus: busB})
+	b.relay.interval = time.Hour
+	b.relay.gap = 2 * time.Second
+	for _, s := range []*Service{a, b} {
+		t.Cleanup(s.Close)
+	}
+	write := func(d *models.DB, bus *events.PGBus, room string) {
+		t.Helper()
+		msg, err := bus.Notification(ctx, []events.Emission{{Room: room, Event: events.JobsInvalidate{}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Tx(ctx, func(q *models.Q) error { return q.WriteOutbox(msg) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(dbA, busA, "from-a")
+	a.relay.poke()
+	remote.waitFor(t, "from-a") // B has heard A's pass
+	heard := busB.LastHeard()
+	write(dbB, busB, "from-b")
+	b.relay.poke()
+	remote.waitFor(t, "from-b")
+	if d := time.Since(heard); d < b.relay.gap {
+		t.Errorf("node B relayed %s after hearing node A's pass, inside its gap of %s", d, b.relay.gap)
+	}
+	if p := b.relay.passes.Load(); p != 1 {
+		t.Errorf("node B ran %d passes, want 1", p)
+	}
+}
