@@ -57,12 +57,12 @@ func (rt *Realtime) deliver(e events.Emission) {
 	var err error
 	switch e.Event.(type) {
 	case events.TaskAvailable, events.ProviderRequest:
-		err = rt.io.EmitHintTo(e.Room, e.Event.EventName(), e.Payload())
+		err = rt.io.EmitHintTo(e.Room, e.Event.EventName(), sio.JSON(e.Payload()))
 	default:
 		if e.Offset != "" && strings.HasPrefix(e.Room, events.Room("")) {
-			err = rt.io.EmitToAt(e.Room, e.Offset, e.Event.EventName(), e.Payload())
+			err = rt.io.EmitToAt(e.Room, e.Offset, e.Event.EventName(), sio.JSON(e.Payload()))
 		} else {
-			err = rt.io.EmitTo(e.Room, e.Event.EventName(), e.Payload())
+			err = rt.io.EmitTo(e.Room, e.Event.EventName(), sio.JSON(e.Payload()))
 		}
 	}
 	if err != nil {

@@ -455,15 +455,9 @@ func encodeEventSize(ns, event string, args []any, id uint64, hasID bool) (*engi
 	if wire.IsReservedEvent(event) {
 		return nil, 0, fmt.Errorf("encode event %q: %w", event, ErrReservedEvent)
 	}
-	var atts [][]byte
-	arr := make([]any, 0, len(args)+1)
-	arr = append(arr, event)
-	for _, a := range args {
-		arr = append(arr, wire.Deconstruct(a, &atts))
-	}
-	data, err := json.Marshal(arr)
+	data, atts, err := eventData(event, args)
 	if err != nil {
-		return nil, 0, fmt.Errorf("encode event %q: %w", event, err)
+		return nil, 0, err
 	}
 	size := len(data)
 	for _, a := range atts {
@@ -474,6 +468,25 @@ func encodeEventSize(ns, event string, args []any, id uint64, hasID bool) (*engi
 		typ = wire.SIOBinaryEvent
 	}
 	return sioMsg(wire.SIOPacket{Type: typ, Namespace: ns, ID: id, HasID: hasID, Attachments: len(atts), Data: data}, atts), size, nil
+}
+
+// eventData is an EVENT's JSON array [event, args...] and its binary
+// attachments.
+func eventData(event string, args []any) ([]byte, [][]byte, error) {
+	if data, ok := appendArgsJSON(nil, event, args); ok {
+		return data, nil, nil
+	}
+	var atts [][]byte
+	arr := make([]any, 0, len(args)+1)
+	arr = append(arr, event)
+	for _, a := range args {
+		arr = append(arr, wire.Deconstruct(a, &atts))
+	}
+	data, err := json.Marshal(arr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("encode event %q: %w", event, err)
+	}
+	return data, atts, nil
 }
 
 // encodeAck builds an ACK (or BINARY_ACK) for ack id.
