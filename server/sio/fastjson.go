@@ -2,6 +2,7 @@ package sio
 
 import (
 	"encoding/json"
+	"slices"
 	"unicode/utf8"
 )
 
@@ -45,7 +46,16 @@ func appendArgsJSON(dst []byte, event string, args []any) (out []byte, ok bool) 
 			return dst, false
 		}
 	}
-	out = append(dst, '[', '"')
+	n := len(event) + 4
+	for _, a := range args {
+		switch v := a.(type) {
+		case JSON:
+			n += len(v) + 1
+		case string:
+			n += len(v) + 3
+		}
+	}
+	out = append(slices.Grow(dst, n), '[', '"')
 	out = append(out, event...)
 	out = append(out, '"')
 	for _, a := range args {
@@ -86,29 +96,50 @@ func marshalForm(j JSON) bool {
 	in := false
 	for i := 0; i < len(j); i++ {
 		c := j[i]
-		switch {
-		case c >= utf8.RuneSelf:
-			r, n := utf8.DecodeRune(j[i:])
-			if r == utf8.RuneError && n == 1 || r == '\u2028' || r == '\u2029' {
-				return false
+		if in {
+			if !stringSpecial[c] {
+				continue
 			}
-			i += n - 1
-		case in:
-			switch c {
-			case '\\':
+			switch {
+			case c == '\\':
 				i++ // the escaped character, whatever it is
-			case '"':
+			case c == '"':
 				in = false
-			case '<', '>', '&':
+			case c >= utf8.RuneSelf:
+				r, n := utf8.DecodeRune(j[i:])
+				if r == utf8.RuneError && n == 1 || r == '\u2028' || r == '\u2029' {
+					return false
+				}
+				i += n - 1
+			default: // <, >, &
 				return false
 			}
-		case c == '"':
-			in = true
-		case c == ' ' || c == '\t' || c == '\n' || c == '\r':
-			return false
+			continue
 		}
+		if !tokenSpecial[c] {
+			continue
+		}
+		if c != '"' {
+			return false // whitespace (or, in invalid JSON, anything not ASCII)
+		}
+		in = true
 	}
 	return !in
 }
+
+// stringSpecial and tokenSpecial are the bytes marshalForm looks at, inside
+// strings and between them.
+var stringSpecial, tokenSpecial = func() (s, t [256]bool) {
+	for _, c := range []byte{'\\', '"', '<', '>', '&'} {
+		s[c] = true
+	}
+	for _, c := range []byte{'"', ' ', '\t', '\n', '\r'} {
+		t[c] = true
+	}
+	for c := utf8.RuneSelf; c < 256; c++ {
+		s[c], t[c] = true, true
+	}
+	return s, t
+}()
 
 var _ json.Marshaler = JSON(nil)

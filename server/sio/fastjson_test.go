@@ -63,3 +63,27 @@ func TestEventPacketMatchesEncodingJSON(t *testing.T) {
 	}
 	t.Logf("%d events written without encoding/json", fast)
 }
+
+// BenchmarkEventPacket builds the packet of a task status event with its
+// recovery offset, as every node does for every event it delivers: the
+// payload as JSON (written directly) and as a json.RawMessage (through
+// encoding/json, as before).
+//
+//	go test -run '^$' -bench BenchmarkEventPacket ./server/sio/
+func BenchmarkEventPacket(b *testing.B) {
+	payload := []byte(`{"id":"6f1c2a7e-4b1d-4c39-9a57-0d3f2b8e9c11","name":"@global:modifiers:Rotate","room_id":"room-7","status":"running","created_at":"2026-11-28T02:33:43.123456Z","started_at":"2026-11-28T02:33:43.223456Z","completed_at":null,"queue_position":null,"worker_id":"9b2e4c6d-1a3f-4e5b-8c7d-2f1e0a9b8c7d","error":null}`)
+	const offset = "n1a2b3c4:1700000000:42:0:0"
+	for _, c := range []struct {
+		name string
+		arg  any
+	}{{"json", JSON(payload)}, {"raw-message", json.RawMessage(payload)}} {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, _, err := encodeEventSize("/", "task_status_event", []any{c.arg, offset}, 0, false); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
