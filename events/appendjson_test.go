@@ -3,6 +3,7 @@ package events
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -84,4 +85,57 @@ func randomStatusEvent(rng *rand.Rand) TaskStatusEvent {
 		ev.QueuePosition = &q
 	}
 	return ev
+}
+
+// BenchmarkDecodeStatusEvent decodes a task status event as every node's
+// listener does for every status change of the deployment, in the form
+// PostgreSQL's json_build_object writes it (the hot statements build it in
+// SQL).
+//
+//	go test -run '^$' -bench BenchmarkDecodeStatusEvent ./events/
+func BenchmarkDecodeStatusEvent(b *testing.B) {
+	payload := []byte(`{"id" : "6f1c2a7e-4b1d-4c39-9a57-0d3f2b8e9c11", "name" : "@global:modifiers:Rotate", "room_id" : "room-7", "status" : "completed", "created_at" : "2026-11-28T02:33:43.123456+00:00", "started_at" : "2026-11-28T02:33:43.223456+00:00", "completed_at" : "2026-11-28T02:33:44.023456+00:00", "queue_position" : null, "worker_id" : "9b2e4c6d-1a3f-4e5b-8c7d-2f1e0a9b8c7d", "error" : null}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := Decode("task_status_event", payload); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// A time in an event decodes as a JSON string parsed as RFC 3339 would, with
+// or without escapes in it, in the forms encoding/json and PostgreSQL's
+// json_build_object write, and an invalid one fails as it did.
+func TestTimeDecodesAsAJSONString(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	layouts := []string{TimeLayout, time.RFC3339Nano, "2006-01-02T15:04:05.999999-07:00", "2006-01-02T15:04:05-07:00"}
+	for i := range 5000 {
+		when := time.Unix(rng.Int64N(4e10)-1e10, rng.Int64N(1e9)).In(time.FixedZone("z", (rng.IntN(49)-24)*1800))
+		s := when.Format(layouts[rng.IntN(len(layouts))])
+		if i%9 == 0 && len(s) > 3 { // a broken one
+			s = s[:rng.IntN(len(s))] + string([]byte{byte(rng.IntN(256))}) + s[rng.IntN(len(s)):]
+		}
+		raw, _ := json.Marshal(s)
+		if i%4 == 0 { // a character written as an escape, as a JSON writer may
+			k := rng.IntN(len(s))
+			raw, _ = json.Marshal(s[:k])
+			raw = fmt.Appendf(raw[:len(raw)-1], `\u%04x`, s[k])
+			tail, _ := json.Marshal(s[k+1:])
+			raw = append(raw, tail[1:]...)
+		}
+		var got Time
+		gotErr := got.UnmarshalJSON(raw)
+		var str string
+		wantErr := json.Unmarshal(raw, &str)
+		var want time.Time
+		if wantErr == nil {
+			want, wantErr = time.Parse(time.RFC3339Nano, str)
+		}
+		if (gotErr == nil) != (wantErr == nil) || gotErr == nil && !got.Time.Equal(want) {
+			t.Fatalf("%s: got %v, %v; want %v, %v", raw, got.Time, gotErr, want, wantErr)
+		}
+		if gotErr == nil && got.Location() != time.UTC {
+			t.Fatalf("%s: decoded in %v, want UTC", raw, got.Location())
+		}
+	}
 }
