@@ -20,6 +20,9 @@ func Decode(name string, payload []byte) (Event, error) {
 	case "task_available":
 		ev, err = decodeAs[TaskAvailable](payload)
 	case "task_status_event":
+		if e, ok := decodeStatusEvent(payload); ok {
+			return e, nil
+		}
 		ev, err = decodeAs[TaskStatusEvent](payload)
 	case "task_cancelled":
 		ev, err = decodeAs[TaskCancelled](payload)
