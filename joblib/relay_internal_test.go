@@ -105,14 +105,7 @@ func TestRelaySendsWhatADeadNodeLeft(t *testing.T) {
 func TestRelayRollbackAndStop(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := dbtest.Open(t, models.Postgres)
-	a := startBus(t, db, "a")
-	_, b := relayNode(t, db, "b")
-	remote := newSeen()
-	b.Subscribe(remote.add)
-	s := New(Config{DB: db, Bus: a})
-	s.relay.interval = time.Hour // only pokes and Stop relay here
-	t.Cleanup(s.Close)
+	db, a, s, remote := pokedRelay(t) // only pokes and Stop relay here
 
 	write := func(room string, commit bool) {
 		t.Helper()
@@ -160,6 +153,36 @@ func TestRelayRollbackAndStop(t *testing.T) {
 }
 
 var errTestRollback = fmt.Errorf("roll back")
+
+// pokedRelay opens a database with node A's bus and service, whose relay
+// runs only when poked or stopped, and node B's bus, whose received rooms
+// remote collects.
+func pokedRelay(t *testing.T) (db *models.DB, a *events.PGBus, s *Service, remote *seen) {
+	t.Helper()
+	db = dbtest.Open(t, models.Postgres)
+	a = startBus(t, db, "a")
+	_, b := relayNode(t, db, "b")
+	remote = newSeen()
+	b.Subscribe(remote.add)
+	s = New(Config{DB: db, Bus: a})
+	s.relay.interval = time.Hour
+	t.Cleanup(s.Close)
+	return db, a, s, remote
+}
+
+// writeOutbox commits one outbox row: bus's notification of a
+// jobs_invalidate for room, as a mutation on d would write it.
+func writeOutbox(t *testing.T, d *models.DB, bus *events.PGBus, room string) {
+	t.Helper()
+	ctx := context.Background()
+	msg, err := bus.Notification(ctx, []events.Emission{{Room: room, Event: events.JobsInvalidate{}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Tx(ctx, func(q *models.Q) error { return q.WriteOutbox(msg) }); err != nil {
+		t.Fatal(err)
+	}
+}
 
 // relayNode opens a pool of its own on db and starts a PostgreSQL bus for
 // node on it, as a joblib node would.
@@ -300,7 +323,6 @@ func TestRelayKeepsEachTaskInOrderAcrossNodes(t *testing.T) {
 // machine.
 func TestRelaySpacesItsPassesUnderLoad(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	db := dbtest.Open(t, models.Postgres)
 	a := startBus(t, db, "a")
 	_, b := relayNode(t, db, "b")
@@ -315,13 +337,7 @@ func TestRelaySpacesItsPassesUnderLoad(t *testing.T) {
 	}
 	write := func(s *Service, room string) {
 		t.Helper()
-		msg, err := a.Notification(ctx, []events.Emission{{Room: room, Event: events.JobsInvalidate{}}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := db.Tx(ctx, func(q *models.Q) error { return q.WriteOutbox(msg) }); err != nil {
-			t.Fatal(err)
-		}
+		writeOutbox(t, db, a, room)
 		s.relay.poke()
 	}
 
@@ -432,23 +448,10 @@ func TestRelaySkipsWhatAnotherNodeSent(t *testing.T) {
 func TestRelayFindingAnotherAtWorkTriesAgain(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := dbtest.Open(t, models.Postgres)
-	a := startBus(t, db, "a")
-	_, b := relayNode(t, db, "b")
-	remote := newSeen()
-	b.Subscribe(remote.add)
-	s := New(Config{DB: db, Bus: a})
-	s.relay.interval = time.Hour // only pokes relay here
+	db, a, s, remote := pokedRelay(t)
 	s.relay.gap = 100 * time.Millisecond
-	t.Cleanup(s.Close)
 
-	msg, err := a.Notification(ctx, []events.Emission{{Room: "held", Event: events.JobsInvalidate{}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := db.Tx(ctx, func(q *models.Q) error { return q.WriteOutbox(msg) }); err != nil {
-		t.Fatal(err)
-	}
+	writeOutbox(t, db, a, "held")
 	// Another node's pass, stalled while holding the relay lock.
 	other, err := db.Pool.Begin(ctx)
 	if err != nil {
@@ -483,7 +486,6 @@ func TestRelayFindingAnotherAtWorkTriesAgain(t *testing.T) {
 // still runs at once (TestRelaySpacesItsPassesUnderLoad).
 func TestRelaySpacesItsPassFromAnotherNodes(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	db := dbtest.Open(t, models.Postgres)
 	dbA, busA := relayNode(t, db, "a")
 	dbB, busB := relayNode(t, db, "b")
@@ -497,21 +499,11 @@ func TestRelaySpacesItsPassFromAnotherNodes(t *testing.T) {
 	for _, s := range []*Service{a, b} {
 		t.Cleanup(s.Close)
 	}
-	write := func(d *models.DB, bus *events.PGBus, room string) {
-		t.Helper()
-		msg, err := bus.Notification(ctx, []events.Emission{{Room: room, Event: events.JobsInvalidate{}}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := d.Tx(ctx, func(q *models.Q) error { return q.WriteOutbox(msg) }); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write(dbA, busA, "from-a")
+	writeOutbox(t, dbA, busA, "from-a")
 	a.relay.poke()
 	remote.waitFor(t, "from-a") // B has heard A's pass
 	heard := busB.LastHeard()
-	write(dbB, busB, "from-b")
+	writeOutbox(t, dbB, busB, "from-b")
 	b.relay.poke()
 	remote.waitFor(t, "from-b")
 	if d := time.Since(heard); d < b.relay.gap {
