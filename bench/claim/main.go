@@ -75,6 +75,7 @@ type options struct {
 	workers, tasks, rounds int
 	batch                  int
 	cpuprofile             string
+	perfCtl                string
 	bus                    string
 	rawNotify              bool
 	notifyAfterCommit      bool
@@ -101,6 +102,7 @@ func main() {
 	flag.StringVar(&o.setupSQL, "setup-sql", "", "SQL run on joblib's schema after the migrations (experiments: an index or trigger less)")
 	flag.StringVar(&o.params, "params", "", "extra connection parameters for joblib's pool (experiments: plan_cache_mode=force_generic_plan)")
 	flag.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the joblib rounds to this file")
+	flag.StringVar(&o.perfCtl, "perf-ctl", "", "a perf control FIFO (perf record -D -1 --control fifo:PATH): sampling is enabled during each joblib work loop only, so a system-wide profile leaves out submissions and the other systems")
 	flag.StringVar(&o.flow, "flow", "contract", "how joblib's workers report: contract (PATCH running and PATCH completed per task), batch (POST /tasks/update-batch per claimed batch and status), socket (claim_tasks and update_tasks over each worker's Socket.IO connection, no HTTP)")
 	flag.BoolVar(&o.start, "start", false, "with -flow batch or socket: claims start the tasks (running at once), so workers report only completed")
 	flag.IntVar(&o.progressRate, "progress-rate", 0, "joblib: another worker reports this many task progresses per second (PATCH {\"progress\"}) on 100 tasks it holds while the workers claim and report")
@@ -579,6 +581,9 @@ func (b *joblibBench) round(ctx context.Context) (result, error) {
 			return result{}, err
 		}
 	}
+	if err := perfControl(b.o.perfCtl, "enable"); err != nil {
+		return result{}, err
+	}
 	s0 := b.statements.Load()
 	c0, p0, a0 := sampleCPU(), backendCPU(ctx, "j"), auxCPU(ctx)
 	start := time.Now()
@@ -599,6 +604,9 @@ func (b *joblibBench) round(ctx context.Context) (result, error) {
 	}
 	r.proc, r.machine = sampleCPU().since(c0)
 	r.pg, r.aux = backendCPU(ctx, "j").since(p0), auxCPU(ctx).since(a0)
+	if perr := perfControl(b.o.perfCtl, "disable"); perr != nil && err == nil {
+		err = perr
+	}
 	if b.prof != nil {
 		pprof.StopCPUProfile()
 		b.prof = nil
@@ -1079,4 +1087,21 @@ func (t pgTicks) since(t0 pgTicks) time.Duration {
 		n += v - t0[pid]
 	}
 	return time.Duration(n) * 10 * time.Millisecond
+}
+
+// perfControl writes cmd ("enable" or "disable") to perf's control FIFO at
+// path (none: nothing to do).
+func perfControl(path, cmd string) error {
+	if path == "" {
+		return nil
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return fmt.Errorf("perf control: %w", err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString(cmd + "\n"); err != nil {
+		return fmt.Errorf("perf control: %w", err)
+	}
+	return nil
 }
