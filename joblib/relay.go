@@ -28,7 +28,7 @@ import (
 // them came back. A wake that names no frame (the general path's rows)
 // always runs a pass.
 //
-// The busy relays of a deployment share one gap (relayMinGap): a node
+// The busy relays of a deployment share one gap (see nextGap): a node
 // spaces its passes from the last pass it heard, of any node
 // (events.PGBus.LastHeard), and a pass that finds another relay holding the
 // lock sends nothing and does not queue behind it (the other pass carries
@@ -44,16 +44,42 @@ const relayInterval = time.Second
 // relayBatch is the most rows one relay transaction sends.
 const relayBatch = 500
 
-// relayMinGap spaces the passes of a busy relay. A pass costs PostgreSQL a
-// transaction (the relay lock, the DELETE, a commit that wakes the listener
-// of every node) whether it carries one event or fifty, and a relay woken
-// after every commit ran back to back under load with one or two events per
-// pass: 2.3 passes per task in the contract flow. A wake within relayMinGap
-// of the previous pass's start waits for the rest of the gap, so a pass
-// carries what several commits wrote (0.8 passes per task, BENCHMARKS.md),
-// at the price of at most relayMinGap of extra latency under load; a wake
-// after a quiet spell runs at once.
-const relayMinGap = 3 * time.Millisecond
+// relayMinGap and relayMaxGap bound the spacing of a busy relay's passes.
+// A pass costs PostgreSQL a transaction (the relay lock, the DELETE, a
+// commit that wakes the listener of every node) whether it carries one
+// event or fifty, and a relay woken after every commit ran back to back
+// under load with one or two events per pass: 2.3 passes per task in the
+// contract flow. A wake within the gap of the previous pass's start waits
+// for the rest of it, so a pass carries what several commits wrote.
+//
+// The gap follows the load (nextGap): it starts at relayMinGap, doubles
+// each time a wake comes inside it (commits arrive faster than passes), up
+// to relayMaxGap, and falls back to relayMinGap after relayMaxGap without a
+// pass. Under sustained load an event therefore waits up to relayMaxGap
+// before it leaves, and the relay runs about one pass per relayMaxGap
+// whatever the commit rate; a wake after a quiet spell runs at once, and a
+// light load keeps the short gap. With a fixed 3 ms gap the relay ran 0.8
+// passes per task; at 12 ms PostgreSQL spends about a fifth less per task in
+// the contract flow, and the process too (BENCHMARKS.md, sixth round).
+const (
+	relayMinGap = 3 * time.Millisecond
+	relayMaxGap = 12 * time.Millisecond
+)
+
+// nextGap is the gap a relay keeps for a wake that came idle after the
+// last pass it knows of (its own or another node's), with the gap cur in
+// force and the bounds lo and hi: a wake inside the gap is load, and the
+// gap doubles, up to hi; a wake after hi or more of quiet brings it back to
+// lo; otherwise it stays.
+func nextGap(cur, idle, lo, hi time.Duration) time.Duration {
+	switch {
+	case idle >= hi:
+		return lo
+	case idle < cur:
+		return min(2*cur, hi)
+	}
+	return cur
+}
 
 type relay struct {
 	// life runs the loop: a Stop waits for the last pass, and a second
@@ -66,8 +92,9 @@ type relay struct {
 	// once starts the loop at the first poke, or is spent by a stop so
 	// that nothing starts it again.
 	once sync.Once
-	// interval is relayInterval, shorter in tests; gap is relayMinGap.
-	interval, gap time.Duration
+	// interval is relayInterval, shorter in tests; gap and maxGap bound
+	// the spacing of passes (relayMinGap, relayMaxGap; see nextGap).
+	interval, gap, maxGap time.Duration
 	// passes counts the relay passes (tests).
 	passes atomic.Int64
 
@@ -89,7 +116,7 @@ func newRelay(s *Service) *relay {
 	if !ok || s.db == nil || !s.db.Caps().Outbox {
 		return nil
 	}
-	r := &relay{s: s, tb: tb, wake: make(chan struct{}, 1), interval: relayInterval, gap: relayMinGap, owed: map[uint64]uint64{}}
+	r := &relay{s: s, tb: tb, wake: make(chan struct{}, 1), interval: relayInterval, gap: relayMinGap, maxGap: relayMaxGap, owed: map[uint64]uint64{}}
 	if e, ok := tb.(interface{ OnEcho(func(uint64)) }); ok {
 		e.OnEcho(r.echo)
 	}
@@ -211,6 +238,7 @@ func (r *relay) run(ctx context.Context) {
 	t := time.NewTicker(r.interval)
 	defer t.Stop()
 	var last time.Time // the previous pass's start, on this node
+	gap := r.gap       // the spacing in force (nextGap)
 	for {
 		tick := false
 		select {
@@ -229,14 +257,16 @@ func (r *relay) run(ctx context.Context) {
 				since = h
 			}
 		}
-		if wait := r.gap - time.Since(since); wait > 0 {
-			gap := time.NewTimer(wait)
+		idle := time.Since(since)
+		gap = nextGap(gap, idle, r.gap, r.maxGap)
+		if wait := gap - idle; wait > 0 {
+			timer := time.NewTimer(wait)
 			select {
 			case <-ctx.Done():
-				gap.Stop()
+				timer.Stop()
 				r.lastFlush()
 				return
-			case <-gap.C:
+			case <-timer.C:
 			}
 		}
 		due, gen, blind := r.due()

@@ -315,7 +315,7 @@ func TestRelayKeepsEachTaskInOrderAcrossNodes(t *testing.T) {
 	}
 }
 
-// A busy relay spaces its passes (relayMinGap): commits that each wake it
+// A busy relay spaces its passes (here by a fixed gap): commits that each wake it
 // while it is at work share passes, so the passes are at most one per gap,
 // while every row still goes out, once and in order. A wake after a quiet
 // spell is relayed at once, without waiting for a gap. The gaps here are
@@ -331,7 +331,7 @@ func TestRelaySpacesItsPassesUnderLoad(t *testing.T) {
 	service := func(gap time.Duration) *Service {
 		s := New(Config{DB: db, Bus: a})
 		s.relay.interval = time.Hour // only pokes relay here
-		s.relay.gap = gap
+		fixGap(s.relay, gap)
 		t.Cleanup(s.Close)
 		return s
 	}
@@ -391,7 +391,7 @@ func TestRelaySkipsWhatAnotherNodeSent(t *testing.T) {
 	busA.Subscribe(onA.add)
 	a := New(Config{DB: dbA, Bus: busA})
 	a.relay.interval = time.Hour
-	a.relay.gap = time.Second // long enough for B to relay within it
+	fixGap(a.relay, time.Second) // long enough for B to relay within it
 	b := New(Config{DB: dbB, Bus: busB})
 	b.relay.interval = time.Hour
 	for _, s := range []*Service{a, b} {
@@ -449,7 +449,7 @@ func TestRelayFindingAnotherAtWorkTriesAgain(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db, a, s, remote := pokedRelay(t)
-	s.relay.gap = 100 * time.Millisecond
+	fixGap(s.relay, 100*time.Millisecond)
 
 	writeOutbox(t, db, a, "held")
 	// Another node's pass, stalled while holding the relay lock.
@@ -495,7 +495,7 @@ func TestRelaySpacesItsPassFromAnotherNodes(t *testing.T) {
 	a.relay.interval = time.Hour
 	b := New(Config{DB: dbB, Bus: busB})
 	b.relay.interval = time.Hour
-	b.relay.gap = 2 * time.Second
+	fixGap(b.relay, 2*time.Second)
 	for _, s := range []*Service{a, b} {
 		t.Cleanup(s.Close)
 	}
@@ -511,5 +511,87 @@ func TestRelaySpacesItsPassFromAnotherNodes(t *testing.T) {
 	}
 	if p := b.relay.passes.Load(); p != 1 {
 		t.Errorf("node B ran %d passes, want 1", p)
+	}
+}
+
+// fixGap gives r a fixed gap d between busy passes (no growth under load).
+func fixGap(r *relay, d time.Duration) { r.gap, r.maxGap = d, d }
+
+// The gap follows the load: it doubles for each wake that comes inside it,
+// up to the upper bound, returns to the lower one after that long without a
+// pass, and stays put for a wake that comes after it but sooner.
+func TestNextGap(t *testing.T) {
+	const lo, hi = 3 * time.Millisecond, 12 * time.Millisecond
+	for _, c := range []struct {
+		name            string
+		cur, idle, want time.Duration
+	}{
+		{"a wake inside the short gap doubles it", lo, time.Millisecond, 2 * lo},
+		{"a wake right after a pass doubles it", 2 * lo, 0, 4 * lo},
+		{"growth stops at the upper bound", 8 * time.Millisecond, time.Millisecond, hi},
+		{"at the upper bound a wake inside it keeps it", hi, 5 * time.Millisecond, hi},
+		{"a light load keeps the short gap", lo, 5 * time.Millisecond, lo},
+		{"a wake after the gap but before the quiet keeps a grown one", 6 * time.Millisecond, 8 * time.Millisecond, 6 * time.Millisecond},
+		{"a quiet spell brings it back down", hi, hi, lo},
+		{"a long quiet spell too", hi, time.Hour, lo},
+	} {
+		if got := nextGap(c.cur, c.idle, lo, hi); got != c.want {
+			t.Errorf("%s: nextGap(%s, idle %s) = %s, want %s", c.name, c.cur, c.idle, got, c.want)
+		}
+	}
+}
+
+// Under a sustained stream of commits the relay's gap grows to its upper
+// bound, so the passes are about one per upper gap rather than one per
+// lower gap; every row still goes out once and in order. After a quiet
+// spell the gap is short again: a wake then runs at once, and so does one
+// that follows it after a little more than the short gap, where the grown
+// gap would have held it back. The bounds here are 25 ms and 800 ms (in
+// production 3 and 12 ms) so that they hold on a loaded machine.
+func TestRelayGapFollowsTheLoad(t *testing.T) {
+	t.Parallel()
+	db, a, s, remote := pokedRelay(t)
+	s.relay.gap, s.relay.maxGap = 25*time.Millisecond, 800*time.Millisecond
+	write := func(room string) {
+		t.Helper()
+		writeOutbox(t, db, a, room)
+		s.relay.poke()
+	}
+
+	// A stream of commits, one every 5 ms, for two seconds.
+	var want []string
+	start := time.Now()
+	for i := 0; time.Since(start) < 2*time.Second; i++ {
+		room := fmt.Sprintf("r%04d", i)
+		want = append(want, room)
+		write(room)
+		time.Sleep(5 * time.Millisecond)
+	}
+	remote.waitFor(t, want[len(want)-1])
+	took := time.Since(start)
+	passes := s.relay.passes.Load()
+	// Doubling from 25 to 800 ms takes five passes; after that one per 800 ms.
+	if limit := int64(took/s.relay.maxGap) + 5 + 2; passes > limit {
+		t.Errorf("%d commits in %s took %d relay passes, want at most %d: the gap did not grow to %s",
+			len(want), took, passes, limit, s.relay.maxGap)
+	}
+	t.Logf("%d commits in %s, %d relay passes", len(want), took.Round(time.Millisecond), passes)
+
+	// Quiet for longer than the upper gap, then two wakes 60 ms apart: both
+	// go out at once (well within the upper gap).
+	time.Sleep(s.relay.maxGap + 200*time.Millisecond)
+	for _, room := range []string{"after-quiet", "soon-after"} {
+		start := time.Now()
+		write(room)
+		want = append(want, room)
+		remote.waitFor(t, room)
+		if d := time.Since(start); d >= s.relay.maxGap/2 {
+			t.Errorf("%s took %s to go out: the relay kept its grown gap of %s after a quiet spell", room, d, s.relay.maxGap)
+		}
+		time.Sleep(60 * time.Millisecond)
+	}
+	time.Sleep(2 * s.relay.gap) // anything sent twice would follow
+	if got := remote.list(); !slices.Equal(got, want) {
+		t.Fatalf("received %d events, want %d once each in order", len(got), len(want))
 	}
 }
