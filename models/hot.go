@@ -74,24 +74,28 @@ const hotOutbox = `, ev AS (
 const hotNotified = "COALESCE(octet_length(ev.p) < @max_bytes, false)"
 
 // hotCounted is the CTE with which a hot statement keeps the task counts
-// itself, in place of the statement trigger on tasks (see migration 161):
-// the delta rows (status, d) of its changes, from the query in %s, with
-// columns status and d, one row per task and status. hotCountedCol, in the
-// statement's select list, then tells the trigger, which fires once the
-// statement's own work is done, that this statement's changes are counted:
-// a transaction-local setting the trigger resets, so that it skips this
-// statement only. The setting is evaluated only where the select list is,
-// i.e. only when the statement returns rows, and the trigger counts a
-// statement whose flag is not set as before: both or neither.
+// itself, in place of the statement trigger on tasks (see migrations 161 and
+// 180): the delta rows (status, d) of its changes, from the query in %s,
+// with columns status and d, one row per task and status. hotCountedQual,
+// in the condition of the statement's change to tasks, marks the
+// transaction counted (a transaction-local setting) before that change
+// ends, which is when PostgreSQL decides whether the statement trigger
+// fires: the trigger's WHEN clause then skips it, without calling the
+// function. It is a condition without columns, so PostgreSQL evaluates it
+// once, before the first row, even when no row changes; and the CTE, a
+// data-modifying one, always runs to the end: both or neither. A hot
+// statement runs in a transaction of its own (a pool connection's implicit
+// one, see queryHot), so no later change in that transaction goes
+// uncounted.
 const hotCounted = `, cnt AS (
 	INSERT INTO task_count_deltas (status, d)
 	SELECT status, sum(d) FROM (%s) c GROUP BY status HAVING sum(d) <> 0
 	RETURNING 1
 )`
 
-// hotCountedCol is the select list's expression that marks the statement
-// counted (see hotCounted); it is not read.
-const hotCountedCol = `(SELECT set_config('joblib.counted', 'on', true))`
+// hotCountedQual marks the transaction counted (see hotCounted); it is
+// always true.
+const hotCountedQual = `(SELECT set_config('joblib.counted', 'on', true)) = 'on'`
 
 // set adds the HotNotify fields to a hot statement's named arguments.
 func (h HotNotify) set(a pgx.NamedArgs) pgx.NamedArgs {
@@ -124,7 +128,7 @@ func scanHotTask(row pgx.Rows) (HotTask, error) {
 		&t.JobRoom, &t.JobCategory, &t.JobName, &t.OnWorkerLoss, &t.MaxAttempts,
 		&t.TaskTimeout, &t.HeartbeatTimeout, &t.DeadlineAt, &t.ProgressCurrent, &t.ProgressTotal, &t.ProgressMessage, &t.ProgressAt, &t.OnTimeout,
 		&t.Priority, &t.RunAt, &t.Errors,
-		&t.QueuePosition, &t.Notified, nil)
+		&t.QueuePosition, &t.Notified)
 	return t, err
 }
 
@@ -169,10 +173,10 @@ var claimSQL = `WITH w AS (
 		claimed_at = now(), started_at = CASE WHEN @start THEN now() ELSE t.started_at END, updated_at = now(),
 		deadline_at = now() + LEAST(t.task_timeout, t.heartbeat_timeout) * interval '1 second',
 		progress_current = NULL, progress_total = NULL, progress_message = NULL, progress_at = NULL
-	WHERE t.id = ANY(ARRAY(SELECT id FROM picked))
+	WHERE t.id = ANY(ARRAY(SELECT id FROM picked)) AND ` + hotCountedQual + `
 	RETURNING t.*
 )` + fmt.Sprintf(hotOutbox, hotPayload("NULL")) + fmt.Sprintf(hotCounted, `SELECT 'pending' AS status, -1 AS d FROM u UNION ALL SELECT status, 1 FROM u`) + `
-SELECT EXISTS (SELECT 1 FROM w), ` + hotTaskCols + `, NULL::bigint AS qp, ` + hotNotified + `, ` + hotCountedCol + ` IS NULL
+SELECT EXISTS (SELECT 1 FROM w), ` + hotTaskCols + `, NULL::bigint AS qp, ` + hotNotified + `
 FROM (SELECT 1) one LEFT JOIN (u LEFT JOIN jobs j ON j.id = u.job_id LEFT JOIN ev ON ev.id = u.id) ON true
 ORDER BY u.priority DESC, u.seq`
 
@@ -208,7 +212,7 @@ func (db *DB) ClaimTasksHot(ctx context.Context, workerID, userID uuid.UUID, lim
 				&t.JobRoom, &t.JobCategory, &t.JobName, &t.OnWorkerLoss, &t.MaxAttempts,
 				&t.TaskTimeout, &t.HeartbeatTimeout, &t.DeadlineAt, &t.ProgressCurrent, &t.ProgressTotal, &t.ProgressMessage, &t.ProgressAt, &t.OnTimeout,
 				&priority, &t.RunAt, &t.Errors,
-				&t.QueuePosition, &t.Notified, nil)
+				&t.QueuePosition, &t.Notified)
 			if err != nil {
 				return err
 			}
@@ -265,7 +269,7 @@ var submitSQL = `WITH qb AS (
 	FOR KEY SHARE
 ), u AS (
 	INSERT INTO tasks (id, job_id, room_id, created_by_id, payload, status, created_at, updated_at, task_timeout, heartbeat_timeout)
-	SELECT @id, jj.id, @target_room, @created_by, @payload, 'pending', now(), now(), COALESCE(@timeout::integer, jj.task_timeout), jj.heartbeat_timeout FROM jj
+	SELECT @id, jj.id, @target_room, @created_by, @payload, 'pending', now(), now(), COALESCE(@timeout::integer, jj.task_timeout), jj.heartbeat_timeout FROM jj WHERE ` + hotCountedQual + `
 	RETURNING *
 ), v AS (
 	SELECT u.*, 1 + (SELECT count(*) FROM tasks p WHERE p.job_id = u.job_id AND p.status = 'pending' AND NOT p.delayed AND p.priority = 0 AND p.seq < u.seq)
@@ -283,7 +287,7 @@ var submitSQL = `WITH qb AS (
 	WHERE id = @created_by AND EXISTS (SELECT 1 FROM u) AND (@quota > 0 OR pending_bound IS NOT NULL)
 	RETURNING 1
 )` + fmt.Sprintf(hotCounted, `SELECT status, 1 AS d FROM u`) + `
-SELECT ` + hotTaskCols + `, u.position, COALESCE(octet_length(ev.p) < @max_bytes AND octet_length(ev.a) < @max_bytes, false), ` + hotCountedCol + ` IS NULL
+SELECT ` + hotTaskCols + `, u.position, COALESCE(octet_length(ev.p) < @max_bytes AND octet_length(ev.a) < @max_bytes, false)
 FROM v u JOIN jobs j ON j.id = u.job_id LEFT JOIN ev ON ev.id = u.id`
 
 // AvailableFrame is the frame of the task_available event a submission
@@ -415,9 +419,10 @@ func updateSQL(b, key string) string {
 		AND EXISTS (SELECT 1 FROM workers w WHERE w.id = t.worker_id AND w.user_id = @user OFFSET 0)
 		-- a failure of a job that retries takes the general path (backoff, errors kept)
 		AND (b.status <> 'failed' OR NOT EXISTS (SELECT 1 FROM jobs rj WHERE rj.id = t.job_id AND rj.retry_backoff IS NOT NULL OFFSET 0))
+		AND ` + hotCountedQual + `
 	RETURNING t.*, o.status AS old_status
 )` + fmt.Sprintf(hotOutbox, hotPayload("NULL")) + fmt.Sprintf(hotCounted, `SELECT old_status AS status, -1 AS d FROM u UNION ALL SELECT status, 1 FROM u`) + `
-SELECT ` + hotTaskCols + `, NULL::bigint AS qp, ` + hotNotified + `, ` + hotCountedCol + ` IS NULL
+SELECT ` + hotTaskCols + `, NULL::bigint AS qp, ` + hotNotified + `
 FROM u LEFT JOIN jobs j ON j.id = u.job_id LEFT JOIN ev ON ev.id = u.id
 ORDER BY u.seq`
 }

@@ -1,0 +1,7 @@
+-- name: the count triggers skip the hot statements without calling their function
+-- down: nothing on this dialect.
+--
+-- PostgreSQL's statement triggers skip the hot statements with a WHEN clause;
+-- SQLite has no hot statements and keeps its row triggers.
+--
+-- Nothing to do on this dialect; the version is recorded all the same.
