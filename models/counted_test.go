@@ -33,23 +33,19 @@ func TestPreviousVersionsHotStatementIsCountedOnce(t *testing.T) {
 )
 SELECT (SELECT set_config('joblib.counted', 'on', true)) FROM (SELECT count(*) FROM u) c`, id, w).Scan(&marked)
 	f.must(err)
-	want := map[string]int64{models.StatusPending: 0, models.StatusClaimed: 1}
-	counts, err := f.q.CountTasksByStatus()
-	f.must(err)
-	for st, n := range want {
-		if counts[st] != n {
-			t.Errorf("after the previous version's claim: %d %s tasks counted, want %d (%v)", counts[st], st, n, counts)
+	expect := func(after string, want map[string]int64) {
+		t.Helper()
+		counts, err := f.q.CountTasksByStatus()
+		f.must(err)
+		for st, n := range want {
+			if counts[st] != n {
+				t.Errorf("after %s: %d %s tasks counted, want %d (%v)", after, counts[st], st, n, counts)
+			}
 		}
 	}
+	expect("the previous version's claim", map[string]int64{models.StatusPending: 0, models.StatusClaimed: 1})
 	// A change in a later transaction is the trigger's to count.
 	_, err = db.Pool.Exec(ctx, `UPDATE tasks SET status = 'failed', completed_at = now() WHERE id = $1`, id)
 	f.must(err)
-	want = map[string]int64{models.StatusClaimed: 0, models.StatusFailed: 1}
-	counts, err = f.q.CountTasksByStatus()
-	f.must(err)
-	for st, n := range want {
-		if counts[st] != n {
-			t.Errorf("after a general-path change: %d %s tasks counted, want %d (%v)", counts[st], st, n, counts)
-		}
-	}
+	expect("a general-path change", map[string]int64{models.StatusClaimed: 0, models.StatusFailed: 1})
 }
