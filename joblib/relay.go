@@ -92,9 +92,9 @@ type relay struct {
 	// once starts the loop at the first poke, or is spent by a stop so
 	// that nothing starts it again.
 	once sync.Once
-	// interval is relayInterval, shorter in tests; gap and maxGap bound
+	// interval is relayInterval, shorter in tests; minGap and maxGap bound
 	// the spacing of passes (relayMinGap, relayMaxGap; see nextGap).
-	interval, gap, maxGap time.Duration
+	interval, minGap, maxGap time.Duration
 	// passes counts the relay passes (tests).
 	passes atomic.Int64
 
@@ -116,7 +116,7 @@ func newRelay(s *Service) *relay {
 	if !ok || s.db == nil || !s.db.Caps().Outbox {
 		return nil
 	}
-	r := &relay{s: s, tb: tb, wake: make(chan struct{}, 1), interval: relayInterval, gap: relayMinGap, maxGap: relayMaxGap, owed: map[uint64]uint64{}}
+	r := &relay{s: s, tb: tb, wake: make(chan struct{}, 1), interval: relayInterval, minGap: relayMinGap, maxGap: relayMaxGap, owed: map[uint64]uint64{}}
 	if e, ok := tb.(interface{ OnEcho(func(uint64)) }); ok {
 		e.OnEcho(r.echo)
 	}
@@ -238,7 +238,7 @@ func (r *relay) run(ctx context.Context) {
 	t := time.NewTicker(r.interval)
 	defer t.Stop()
 	var last time.Time // the previous pass's start, on this node
-	gap := r.gap       // the spacing in force (nextGap)
+	gap := r.minGap    // the spacing in force (nextGap)
 	for {
 		tick := false
 		select {
@@ -258,7 +258,7 @@ func (r *relay) run(ctx context.Context) {
 			}
 		}
 		idle := time.Since(since)
-		gap = nextGap(gap, idle, r.gap, r.maxGap)
+		gap = nextGap(gap, idle, r.minGap, r.maxGap)
 		if wait := gap - idle; wait > 0 {
 			timer := time.NewTimer(wait)
 			select {

@@ -347,8 +347,8 @@ func TestRelaySpacesItsPassesUnderLoad(t *testing.T) {
 	start := time.Now()
 	write(quiet, "quiet")
 	remote.waitFor(t, "quiet")
-	if d := time.Since(start); d >= quiet.relay.gap {
-		t.Errorf("an event after a quiet spell took %s, the relay waited out its gap of %s", d, quiet.relay.gap)
+	if d := time.Since(start); d >= quiet.relay.minGap {
+		t.Errorf("an event after a quiet spell took %s, the relay waited out its gap of %s", d, quiet.relay.minGap)
 	}
 
 	// Under load: commits one after the other, each waking the relay.
@@ -364,10 +364,10 @@ func TestRelaySpacesItsPassesUnderLoad(t *testing.T) {
 	got := remote.waitFor(t, want[n])
 	took := time.Since(start)
 	passes := busy.relay.passes.Load()
-	if limit := int64(took/busy.relay.gap) + 2; passes > limit {
-		t.Errorf("%d commits in %s took %d relay passes, want at most one per %s gap (%d)", n, took, passes, busy.relay.gap, limit)
+	if limit := int64(took/busy.relay.minGap) + 2; passes > limit {
+		t.Errorf("%d commits in %s took %d relay passes, want at most one per %s gap (%d)", n, took, passes, busy.relay.minGap, limit)
 	}
-	time.Sleep(2 * busy.relay.gap) // anything sent twice would follow
+	time.Sleep(2 * busy.relay.minGap) // anything sent twice would follow
 	if got = remote.list(); !slices.Equal(got, want) {
 		t.Fatalf("received %d events, want %d once each in order:\n%v", len(got), len(want), got)
 	}
@@ -421,7 +421,7 @@ func TestRelaySkipsWhatAnotherNodeSent(t *testing.T) {
 	a.relay.pokeFrames(write("second"))
 	b.relay.poke()
 	remote.waitFor(t, "second")
-	time.Sleep(a.relay.gap + 300*time.Millisecond)
+	time.Sleep(a.relay.minGap + 300*time.Millisecond)
 	if p := a.relay.passes.Load(); p != 1 {
 		t.Errorf("node A ran %d relay passes, want 1: its second wake's row had come back from B's pass", p)
 	}
@@ -474,7 +474,7 @@ func TestRelayFindingAnotherAtWorkTriesAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	remote.waitFor(t, "held")
-	time.Sleep(3 * s.relay.gap) // anything sent twice would follow
+	time.Sleep(3 * s.relay.minGap) // anything sent twice would follow
 	if got := remote.list(); !slices.Equal(got, []string{"held"}) {
 		t.Fatalf("received %v, want the row once", got)
 	}
@@ -506,8 +506,8 @@ func TestRelaySpacesItsPassFromAnotherNodes(t *testing.T) {
 	writeOutbox(t, dbB, busB, "from-b")
 	b.relay.poke()
 	remote.waitFor(t, "from-b")
-	if d := time.Since(heard); d < b.relay.gap {
-		t.Errorf("node B relayed %s after hearing node A's pass, inside its gap of %s", d, b.relay.gap)
+	if d := time.Since(heard); d < b.relay.minGap {
+		t.Errorf("node B relayed %s after hearing node A's pass, inside its gap of %s", d, b.relay.minGap)
 	}
 	if p := b.relay.passes.Load(); p != 1 {
 		t.Errorf("node B ran %d passes, want 1", p)
@@ -515,7 +515,7 @@ func TestRelaySpacesItsPassFromAnotherNodes(t *testing.T) {
 }
 
 // fixGap gives r a fixed gap d between busy passes (no growth under load).
-func fixGap(r *relay, d time.Duration) { r.gap, r.maxGap = d, d }
+func fixGap(r *relay, d time.Duration) { r.minGap, r.maxGap = d, d }
 
 // The gap follows the load: it doubles for each wake that comes inside it,
 // up to the upper bound, returns to the lower one after that long without a
@@ -551,7 +551,7 @@ func TestNextGap(t *testing.T) {
 func TestRelayGapFollowsTheLoad(t *testing.T) {
 	t.Parallel()
 	db, a, s, remote := pokedRelay(t)
-	s.relay.gap, s.relay.maxGap = 25*time.Millisecond, 800*time.Millisecond
+	s.relay.minGap, s.relay.maxGap = 25*time.Millisecond, 800*time.Millisecond
 	write := func(room string) {
 		t.Helper()
 		writeOutbox(t, db, a, room)
@@ -590,7 +590,7 @@ func TestRelayGapFollowsTheLoad(t *testing.T) {
 		}
 		time.Sleep(60 * time.Millisecond)
 	}
-	time.Sleep(2 * s.relay.gap) // anything sent twice would follow
+	time.Sleep(2 * s.relay.minGap) // anything sent twice would follow
 	if got := remote.list(); !slices.Equal(got, want) {
 		t.Fatalf("received %d events, want %d once each in order", len(got), len(want))
 	}
