@@ -36,6 +36,7 @@ type Service struct {
 	rates     rateLimits
 	progress  *progressCoalescer
 	reports   *reportBatcher
+	claims    *claimBatcher
 
 	node        Node
 	lease       atomic.Pointer[Lease] // this node's lease, once NewLease made it
@@ -100,6 +101,7 @@ func New(cfg Config) *Service {
 	s.progress = newProgressCoalescer(s.publishNow, func() float64 { return s.Settings().TaskProgressRate })
 	s.runner = newInternalRunner(s)
 	s.relay = newRelay(s)
+	s.claims = newClaimBatcher(s.db, s.hotNotify)
 	s.reports = newReportBatcher(func(ctx context.Context, user uuid.UUID, ups []models.HotUpdate) ([]models.HotTask, error) {
 		return s.db.UpdateTasksHot(ctx, ups, hotTransitions, user, s.hotNotify())
 	})

@@ -294,7 +294,7 @@ func (s *Service) ClaimTasks(ctx context.Context, p Principal, workerID uuid.UUI
 		return nil, errf(CodeValidation, "limit must be between 1 and %d", MaxClaimBatch)
 	}
 	if s.db.Caps().HotPath {
-		owned, hts, err := s.db.ClaimTasksHot(ctx, workerID, p.ID, limit, start, s.hotNotify())
+		owned, hts, err := s.claimHot(ctx, p.ID, workerID, limit, start)
 		if err != nil {
 			return nil, err
 		}

@@ -132,6 +132,26 @@ func scanHotTask(row pgx.Rows) (HotTask, error) {
 	return t, err
 }
 
+// The parts claimSQL and claimGroupSQL share. claimHeadSQL is the first
+// claimable task of the job l.job_id; claimPickSQL, after a select list on
+// tasks t, walks the claimable tasks of the job h.job_id in claim order,
+// locking them with SKIP LOCKED, up to the limit in %s; claimSetSQL is the
+// claim's change to a task, but for its worker_id; claimCounted writes its
+// count deltas.
+const (
+	claimHeadSQL = `SELECT t.priority, t.seq FROM tasks t WHERE t.job_id = l.job_id AND t.status = 'pending' AND NOT t.delayed ORDER BY t.priority DESC, t.seq LIMIT 1`
+	claimPickSQL = `FROM tasks t
+		WHERE t.job_id = h.job_id AND t.status = 'pending' AND NOT t.delayed
+		ORDER BY t.priority DESC, t.seq LIMIT %s
+		FOR UPDATE OF t SKIP LOCKED`
+	claimSetSQL = `status = CASE WHEN @start::boolean THEN 'running' ELSE 'claimed' END, attempt = t.attempt + 1,
+		claimed_at = now(), started_at = CASE WHEN @start THEN now() ELSE t.started_at END, updated_at = now(),
+		deadline_at = now() + LEAST(t.task_timeout, t.heartbeat_timeout) * interval '1 second',
+		progress_current = NULL, progress_total = NULL, progress_message = NULL, progress_at = NULL`
+)
+
+var claimCounted = fmt.Sprintf(hotCounted, `SELECT 'pending' AS status, -1 AS d FROM u UNION ALL SELECT status, 1 FROM u`)
+
 // claimSQL claims up to @limit tasks for worker @worker owned by user @user. The worker's
 // jobs are taken in the order of their first claimable task (highest
 // priority, then oldest: one probe of tasks_ready_idx, which holds the
@@ -157,25 +177,19 @@ var claimSQL = `WITH w AS (
 	FROM w JOIN worker_job_links l ON l.worker_id = w.id
 	JOIN jobs jj ON jj.id = l.job_id AND jj.room_id <> '@internal'
 	CROSS JOIN LATERAL (
-		SELECT t.priority, t.seq FROM tasks t WHERE t.job_id = l.job_id AND t.status = 'pending' AND NOT t.delayed ORDER BY t.priority DESC, t.seq LIMIT 1
+		` + claimHeadSQL + `
 	) hd
 ), picked AS (
 	SELECT c.id FROM (SELECT job_id, priority, seq FROM heads ORDER BY priority DESC, seq) h
 	CROSS JOIN LATERAL (
-		SELECT t.id FROM tasks t
-		WHERE t.job_id = h.job_id AND t.status = 'pending' AND NOT t.delayed
-		ORDER BY t.priority DESC, t.seq LIMIT @limit
-		FOR UPDATE OF t SKIP LOCKED
+		SELECT t.id ` + fmt.Sprintf(claimPickSQL, "@limit") + `
 	) c
 	LIMIT @limit
 ), u AS (
-	UPDATE tasks t SET status = CASE WHEN @start::boolean THEN 'running' ELSE 'claimed' END, worker_id = @worker, attempt = t.attempt + 1,
-		claimed_at = now(), started_at = CASE WHEN @start THEN now() ELSE t.started_at END, updated_at = now(),
-		deadline_at = now() + LEAST(t.task_timeout, t.heartbeat_timeout) * interval '1 second',
-		progress_current = NULL, progress_total = NULL, progress_message = NULL, progress_at = NULL
+	UPDATE tasks t SET worker_id = @worker, ` + claimSetSQL + `
 	WHERE t.id = ANY(ARRAY(SELECT id FROM picked)) AND ` + hotCountedQual + `
 	RETURNING t.*
-)` + fmt.Sprintf(hotOutbox, hotPayload("NULL")) + fmt.Sprintf(hotCounted, `SELECT 'pending' AS status, -1 AS d FROM u UNION ALL SELECT status, 1 FROM u`) + `
+)` + fmt.Sprintf(hotOutbox, hotPayload("NULL")) + claimCounted + `
 SELECT EXISTS (SELECT 1 FROM w), ` + hotTaskCols + `, NULL::bigint AS qp, ` + hotNotified + `
 FROM (SELECT 1) one LEFT JOIN (u LEFT JOIN jobs j ON j.id = u.job_id LEFT JOIN ev ON ev.id = u.id) ON true
 ORDER BY u.priority DESC, u.seq`
@@ -197,32 +211,13 @@ func (db *DB) ClaimTasksHot(ctx context.Context, workerID, userID uuid.UUID, lim
 	scan := func(rows pgx.Rows) error {
 		owned, ts = false, nil
 		for rows.Next() {
-			var (
-				ok                      bool
-				id, jobID               *uuid.UUID
-				seq                     *int64
-				roomID, payload, status *string
-				attempt, priority       *int
-				t                       HotTask
-			)
-			// The first column says whether the worker is the caller's; the task
-			// columns are NULL on the single row of an empty claim.
-			err := rows.Scan(&ok, &id, &seq, &jobID, &t.WorkerID, &t.LostWorkerID, &roomID, &t.CreatedByID, &payload, &status, &attempt,
-				&t.CreatedAt, &t.ClaimedAt, &t.StartedAt, &t.CompletedAt, &t.Error, &t.Result,
-				&t.JobRoom, &t.JobCategory, &t.JobName, &t.OnWorkerLoss, &t.MaxAttempts,
-				&t.TaskTimeout, &t.HeartbeatTimeout, &t.DeadlineAt, &t.ProgressCurrent, &t.ProgressTotal, &t.ProgressMessage, &t.ProgressAt, &t.OnTimeout,
-				&priority, &t.RunAt, &t.Errors,
-				&t.QueuePosition, &t.Notified)
-			if err != nil {
+			var r claimRow
+			if err := rows.Scan(r.dest()...); err != nil {
 				return err
 			}
-			if priority != nil {
-				t.Priority = *priority
-			}
-			owned = ok
-			if id != nil {
-				t.ID, t.Seq, t.JobID, t.RoomID, t.Payload, t.Status, t.Attempt = *id, *seq, *jobID, *roomID, *payload, *status, *attempt
-				ts = append(ts, n.framed(t))
+			owned = r.ok
+			if t, ok := r.task(n); ok {
+				ts = append(ts, t)
 			}
 		}
 		return rows.Err()
@@ -239,6 +234,151 @@ func (db *DB) ClaimTasksHot(ctx context.Context, workerID, userID uuid.UUID, lim
 		return false, nil, fmt.Errorf("claim tasks: %w", mapErr(err))
 	}
 	return owned, ts, nil
+}
+
+// claimRow is one row of a claim statement: whether the worker is the
+// caller's, then the task columns, NULL on the row of a claim that took
+// nothing.
+type claimRow struct {
+	ok                      bool
+	id, jobID               *uuid.UUID
+	seq                     *int64
+	roomID, payload, status *string
+	attempt, priority       *int
+	t                       HotTask
+}
+
+// dest is the row's scan destinations, in claimSQL's column order.
+func (r *claimRow) dest() []any {
+	t := &r.t
+	return []any{&r.ok, &r.id, &r.seq, &r.jobID, &t.WorkerID, &t.LostWorkerID, &r.roomID, &t.CreatedByID, &r.payload, &r.status, &r.attempt,
+		&t.CreatedAt, &t.ClaimedAt, &t.StartedAt, &t.CompletedAt, &t.Error, &t.Result,
+		&t.JobRoom, &t.JobCategory, &t.JobName, &t.OnWorkerLoss, &t.MaxAttempts,
+		&t.TaskTimeout, &t.HeartbeatTimeout, &t.DeadlineAt, &t.ProgressCurrent, &t.ProgressTotal, &t.ProgressMessage, &t.ProgressAt, &t.OnTimeout,
+		&r.priority, &t.RunAt, &t.Errors,
+		&t.QueuePosition, &t.Notified}
+}
+
+// task is the claimed task of the row; false on a row without one.
+func (r *claimRow) task(n HotNotify) (HotTask, bool) {
+	if r.id == nil {
+		return HotTask{}, false
+	}
+	t := r.t
+	if r.priority != nil {
+		t.Priority = *r.priority
+	}
+	t.ID, t.Seq, t.JobID, t.RoomID, t.Payload, t.Status, t.Attempt = *r.id, *r.seq, *r.jobID, *r.roomID, *r.payload, *r.status, *r.attempt
+	return n.framed(t), true
+}
+
+// ClaimRequest is one worker's claim in a group claim (ClaimGroupHot).
+type ClaimRequest struct {
+	Worker uuid.UUID
+	Limit  int
+}
+
+// ClaimAnswer is a group claim's answer to one ClaimRequest. Served is
+// false when the group statement left the request alone (the worker is not
+// the caller's, has no jobs, or serves other jobs than the group's first
+// worker): the caller then claims for it on its own (ClaimTasksHot).
+type ClaimAnswer struct {
+	Served bool
+	Tasks  []HotTask
+}
+
+// claimGroupSQL claims for several workers of one user @user in one
+// statement: @workers (distinct) with @limits tasks each, in that order.
+// It serves the requests whose workers are the user's and serve exactly the
+// (non-internal) jobs of the first such worker, the common case of a fleet of
+// alike workers; the others come back unserved. For the served ones it walks
+// their jobs' claimable tasks as claimSQL does for one worker, for the sum of
+// their limits, and hands them out in that order: the first request the first
+// @limits[1] tasks, the next the following ones, and so on. One statement
+// locks every task it takes, so two requests of a group never meet on a task,
+// and a concurrent claimer skips them as it skips any locked task. The
+// workers are held in key share in seq order, the order in which a cleanup
+// locks workers, so a cleanup and a group claim cannot deadlock.
+var claimGroupSQL = `WITH r AS (
+	SELECT r.worker_id, r.n, r.ord FROM unnest(@workers::uuid[], @limits::int[]) WITH ORDINALITY AS r(worker_id, n, ord)
+), w AS (
+	SELECT id FROM workers WHERE id = ANY(@workers::uuid[]) AND user_id = @user ORDER BY seq FOR KEY SHARE
+), js AS (
+	SELECT w.id, array_agg(l.job_id ORDER BY l.job_id) AS jobs
+	FROM w JOIN worker_job_links l ON l.worker_id = w.id
+	JOIN jobs jj ON jj.id = l.job_id AND jj.room_id <> '@internal'
+	GROUP BY w.id
+), g AS (
+	SELECT r.worker_id, r.n, sum(r.n) OVER (ORDER BY r.ord) - r.n AS lo, js.jobs
+	FROM r JOIN js ON js.id = r.worker_id
+	WHERE js.jobs = (SELECT js.jobs FROM r JOIN js ON js.id = r.worker_id ORDER BY r.ord LIMIT 1)
+), heads AS (
+	SELECT l.job_id, hd.priority, hd.seq
+	FROM unnest((SELECT jobs FROM g LIMIT 1)) AS l(job_id)
+	CROSS JOIN LATERAL (
+		` + claimHeadSQL + `
+	) hd
+), picked AS (
+	SELECT c.id, h.priority AS hp, h.seq AS hs, c.priority AS cp, c.seq AS cs
+	FROM (SELECT job_id, priority, seq FROM heads ORDER BY priority DESC, seq) h
+	CROSS JOIN LATERAL (
+		SELECT t.id, t.priority, t.seq ` + fmt.Sprintf(claimPickSQL, "(SELECT sum(n) FROM g)") + `
+	) c
+	LIMIT (SELECT sum(n) FROM g)
+), assigned AS (
+	SELECT p.id, g.worker_id FROM (SELECT id, row_number() OVER (ORDER BY hp DESC, hs, cp DESC, cs) - 1 AS k FROM picked) p
+	JOIN g ON p.k >= g.lo AND p.k < g.lo + g.n
+), u AS (
+	UPDATE tasks t SET worker_id = (SELECT a.worker_id FROM assigned a WHERE a.id = t.id), ` + claimSetSQL + `
+	WHERE t.id = ANY(ARRAY(SELECT id FROM assigned)) AND ` + hotCountedQual + `
+	RETURNING t.*
+)` + fmt.Sprintf(hotOutbox, hotPayload("NULL")) + claimCounted + `
+SELECT r.worker_id, EXISTS (SELECT 1 FROM g WHERE g.worker_id = r.worker_id), true, ` + hotTaskCols + `, NULL::bigint AS qp, ` + hotNotified + `
+FROM r LEFT JOIN (u LEFT JOIN jobs j ON j.id = u.job_id LEFT JOIN ev ON ev.id = u.id) ON u.worker_id = r.worker_id
+ORDER BY r.ord, u.priority DESC, u.seq`
+
+// ClaimGroupHot claims for several workers of user in one statement (see
+// claimGroupSQL): an answer per request, in order. The workers must be
+// distinct.
+func (db *DB) ClaimGroupHot(ctx context.Context, userID uuid.UUID, reqs []ClaimRequest, start bool, n HotNotify) ([]ClaimAnswer, error) {
+	if db.Pool == nil {
+		return nil, ErrNoHotPath
+	}
+	workers := make([]uuid.UUID, len(reqs))
+	limits := make([]int32, len(reqs))
+	at := make(map[uuid.UUID]int, len(reqs))
+	for i, r := range reqs {
+		workers[i], limits[i] = r.Worker, int32(r.Limit)
+		at[r.Worker] = i
+	}
+	var out []ClaimAnswer
+	scan := func(rows pgx.Rows) error {
+		out = make([]ClaimAnswer, len(reqs))
+		for rows.Next() {
+			var (
+				worker uuid.UUID
+				served bool
+				r      claimRow
+			)
+			if err := rows.Scan(append([]any{&worker, &served}, r.dest()...)...); err != nil {
+				return err
+			}
+			i, ok := at[worker]
+			if !ok {
+				return fmt.Errorf("group claim: a row for worker %s, which asked nothing", worker)
+			}
+			out[i].Served = served
+			if t, ok := r.task(n); ok {
+				out[i].Tasks = append(out[i].Tasks, t)
+			}
+		}
+		return rows.Err()
+	}
+	named := n.set(pgx.NamedArgs{"workers": workers, "limits": limits, "user": userID, "start": start})
+	if err := db.queryHot(ctx, []any{genericPlanSQL}, claimGroupSQL, named, scan); err != nil {
+		return nil, fmt.Errorf("group claim: %w", mapErr(err))
+	}
+	return out, nil
 }
 
 // submitSQL adds a pending task to the live, non-internal job
