@@ -18,6 +18,7 @@ func (db *DB) ExecRaw(sql string, args ...any) error {
 // Statements exposed to the external tests that read their plans.
 var (
 	ClaimSQL       = claimSQL
+	ClaimGroupSQL  = claimGroupSQL
 	SubmitSQL      = submitSQL
 	TaskSelectSQL  = taskSelect
 	TasksSelectSQL = tasksSelect
@@ -26,6 +27,11 @@ var (
 	// NextRunAtSQL is the leader's read of the next delayed task.
 	NextRunAtSQL = nextRunAtSQL[Postgres]
 )
+
+// ClaimGroupArgs are ClaimGroupSQL's arguments.
+func ClaimGroupArgs(userID uuid.UUID, reqs []ClaimRequest, start bool, n HotNotify) pgx.NamedArgs {
+	return claimGroupArgs(userID, reqs, start, n)
+}
 
 // ClaimArgs are ClaimSQL's arguments.
 func ClaimArgs(workerID, userID uuid.UUID, limit int, start bool, n HotNotify) pgx.NamedArgs {

@@ -337,6 +337,16 @@ SELECT r.worker_id, EXISTS (SELECT 1 FROM g WHERE g.worker_id = r.worker_id), tr
 FROM r LEFT JOIN (u LEFT JOIN jobs j ON j.id = u.job_id LEFT JOIN ev ON ev.id = u.id) ON u.worker_id = r.worker_id
 ORDER BY r.ord, u.priority DESC, u.seq`
 
+// claimGroupArgs are claimGroupSQL's arguments.
+func claimGroupArgs(userID uuid.UUID, reqs []ClaimRequest, start bool, n HotNotify) pgx.NamedArgs {
+	workers := make([]uuid.UUID, len(reqs))
+	limits := make([]int32, len(reqs))
+	for i, r := range reqs {
+		workers[i], limits[i] = r.Worker, int32(r.Limit)
+	}
+	return n.set(pgx.NamedArgs{"workers": workers, "limits": limits, "user": userID, "start": start})
+}
+
 // ClaimGroupHot claims for several workers of user in one statement (see
 // claimGroupSQL): an answer per request, in order. The workers must be
 // distinct.
@@ -344,11 +354,8 @@ func (db *DB) ClaimGroupHot(ctx context.Context, userID uuid.UUID, reqs []ClaimR
 	if db.Pool == nil {
 		return nil, ErrNoHotPath
 	}
-	workers := make([]uuid.UUID, len(reqs))
-	limits := make([]int32, len(reqs))
 	at := make(map[uuid.UUID]int, len(reqs))
 	for i, r := range reqs {
-		workers[i], limits[i] = r.Worker, int32(r.Limit)
 		at[r.Worker] = i
 	}
 	var out []ClaimAnswer
@@ -374,8 +381,7 @@ func (db *DB) ClaimGroupHot(ctx context.Context, userID uuid.UUID, reqs []ClaimR
 		}
 		return rows.Err()
 	}
-	named := n.set(pgx.NamedArgs{"workers": workers, "limits": limits, "user": userID, "start": start})
-	if err := db.queryHot(ctx, []any{genericPlanSQL}, claimGroupSQL, named, scan); err != nil {
+	if err := db.queryHot(ctx, []any{genericPlanSQL}, claimGroupSQL, claimGroupArgs(userID, reqs, start, n), scan); err != nil {
 		return nil, fmt.Errorf("group claim: %w", mapErr(err))
 	}
 	return out, nil

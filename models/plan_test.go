@@ -145,15 +145,15 @@ func TestPlansAtScale(t *testing.T) {
 	t.Parallel()
 	db := dbtest.Open(t, models.Postgres)
 	ctx := context.Background()
-	user, worker := uuid.New(), uuid.New()
+	user, worker, alike := uuid.New(), uuid.New(), uuid.New()
 	jobA, jobB := uuid.New(), uuid.New()
 	const pending = 100_000
 	for _, s := range []string{
 		"ALTER TABLE tasks SET (autovacuum_enabled = false)",
 		fmt.Sprintf("INSERT INTO users (id, name) VALUES ('%s', 'planner')", user),
-		fmt.Sprintf("INSERT INTO workers (id, user_id) VALUES ('%s', '%s')", worker, user),
+		fmt.Sprintf("INSERT INTO workers (id, user_id) VALUES ('%s', '%s'), ('%s', '%s')", worker, user, alike, user),
 		fmt.Sprintf("INSERT INTO jobs (id, room_id, category, name) VALUES ('%s', 'r', 'modifiers', 'A'), ('%s', 'r', 'modifiers', 'B')", jobA, jobB),
-		fmt.Sprintf("INSERT INTO worker_job_links (worker_id, job_id) VALUES ('%s', '%s'), ('%s', '%s')", worker, jobA, worker, jobB),
+		fmt.Sprintf("INSERT INTO worker_job_links (worker_id, job_id) VALUES ('%s', '%s'), ('%s', '%s'), ('%s', '%s'), ('%s', '%s')", worker, jobA, worker, jobB, alike, jobA, alike, jobB),
 		// The worker's completed history first, then the queue: half in each
 		// job, interleaved, in five priorities, a quarter of it delayed by an
 		// hour (among them the highest priority's oldest tasks, which a walk
@@ -198,6 +198,15 @@ func TestPlansAtScale(t *testing.T) {
 					if rows > float64(10*limit+10) || sorts > 0 || seq > 0 {
 						t.Errorf("claim of %d (start %v) %s, %s: reads %.0f task rows (%d sorts, %d seq scans):\n%s", limit, start, stats, plan.name, rows, sorts, seq, p)
 					}
+				}
+			}
+			// A group claim of two alike workers reads about as many task rows
+			// as it claims, as the single claim does.
+			for _, limit := range []int{1, 10} {
+				reqs := []models.ClaimRequest{{Worker: worker, Limit: limit}, {Worker: alike, Limit: limit}}
+				p := plan.explain(t, db, models.ClaimGroupSQL, models.ClaimGroupArgs(user, reqs, false, models.HotNotify{}))
+				if rows, sorts, seq := tasksRead(p); rows > float64(20*limit+10) || sorts > 0 || seq > 0 {
+					t.Errorf("group claim of 2 × %d %s, %s: reads %.0f task rows (%d sorts, %d seq scans):\n%s", limit, stats, plan.name, rows, sorts, seq, p)
 				}
 			}
 			// A report of one held task, and a batch of ten, read each by its
