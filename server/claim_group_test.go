@@ -4,10 +4,6 @@ import (
 	"net/http"
 	"sync"
 	"testing"
-	"time"
-
-	"github.com/zndraw/joblib/joblib"
-	"github.com/zndraw/joblib/server"
 )
 
 // Two fleets of one user, serving different jobs, claim at once. On
@@ -17,11 +13,7 @@ import (
 // before the queues are drained), and every task is claimed exactly once.
 func TestClaimGroupServesEveryWorker(t *testing.T) {
 	t.Parallel()
-	unlimited := withSettings(func(s *joblib.Settings) { s.SubmitRate = 0 })
-	cfg := server.DefaultConfig()
-	cfg.WriteDBTimeout = 2 * time.Minute
-	patient := func(o *setupOpts) { o.serverCfg = &cfg }
-	eachWith(t, []func(*setupOpts){unlimited, patient}, func(t *testing.T, e *env) {
+	eachWith(t, claimRaceOpts(), func(t *testing.T, e *env) {
 		const (
 			fleet  = 6
 			perJob = 90

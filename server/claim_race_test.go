@@ -17,16 +17,7 @@ import (
 // tasks in FIFO order, and further claims answer null.
 func TestClaimRace(t *testing.T) {
 	t.Parallel()
-	// One user submits all 500 tasks as fast as it can: no rate limit.
-	unlimited := withSettings(func(s *joblib.Settings) { s.SubmitRate = 0 })
-	// The test is about accounting, not latency: on SQLite the 50 claimers
-	// queue on its one connection, and under -race on a loaded machine a
-	// claim can wait past the default write budget (a 503 the claimer would
-	// retry). A generous budget keeps the race the subject.
-	cfg := server.DefaultConfig()
-	cfg.WriteDBTimeout = 2 * time.Minute
-	patient := func(o *setupOpts) { o.serverCfg = &cfg }
-	eachWith(t, []func(*setupOpts){unlimited, patient}, func(t *testing.T, e *env) {
+	eachWith(t, claimRaceOpts(), func(t *testing.T, e *env) {
 		const (
 			jobs     = 5
 			perJob   = 100
@@ -135,6 +126,19 @@ func TestClaimRace(t *testing.T) {
 			t.Fatalf("%v tasks still pending", page["total"])
 		}
 	})
+}
+
+// claimRaceOpts set up a claim race: one user submits every task as fast as
+// it can (no rate limit), and the write budget is generous. The race is about
+// accounting, not latency: on SQLite the claimers queue on its one
+// connection, and under -race on a loaded machine a claim can wait past the
+// default budget (a 503 the claimer would retry).
+func claimRaceOpts() []func(*setupOpts) {
+	unlimited := withSettings(func(s *joblib.Settings) { s.SubmitRate = 0 })
+	cfg := server.DefaultConfig()
+	cfg.WriteDBTimeout = 2 * time.Minute
+	patient := func(o *setupOpts) { o.serverCfg = &cfg }
+	return []func(*setupOpts){unlimited, patient}
 }
 
 func claimOnce(c *http.Client, base, token, worker string) (string, error) {
