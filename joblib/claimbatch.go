@@ -2,6 +2,7 @@ package joblib
 
 import (
 	"context"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/zndraw/joblib/models"
@@ -38,9 +39,9 @@ type claimBatcher struct {
 	n  func() models.HotNotify
 }
 
-func newClaimBatcher(db *models.DB, n func() models.HotNotify) *claimBatcher {
+func newClaimBatcher(db *models.DB, n func() models.HotNotify, delay func() time.Duration) *claimBatcher {
 	b := &claimBatcher{db: db, n: n}
-	b.groupCommit = newGroupCommit(maxClaimGroup, func(r models.ClaimRequest) uuid.UUID { return r.Worker }, b.run)
+	b.groupCommit = newGroupCommit(maxClaimGroup, func(r models.ClaimRequest) uuid.UUID { return r.Worker }, delay, b.run)
 	return b
 }
 

@@ -19,6 +19,15 @@ import (
 // One caller leads at a time per key: it runs batches from the queue until
 // its own call has been answered, then hands the lead to the oldest waiting
 // caller, so no caller runs the statements of others for long.
+//
+// Waiting only behind a statement in flight groups little while the database
+// is fast: most calls of a busy fleet find none and go alone, each paying
+// the fixed cost again. So a call that would go alone first waits the delay
+// (as PostgreSQL's commit_delay does for commits) and takes along the calls
+// that arrived meanwhile, but only while its key is busy: when one of the
+// key's batches in the last sharedWindow carried more than one call. A lone
+// worker's calls come one after the other and never share a batch, so they
+// never wait; nor do those of a key that has gone quiet.
 
 // groupCommit batches calls of type R, answered with A, per key K.
 type groupCommit[K comparable, R, A any] struct {
@@ -29,10 +38,24 @@ type groupCommit[K comparable, R, A any] struct {
 	// id (a second one waits for the next batch).
 	id  func(R) uuid.UUID
 	max int // the most calls one batch sends
+	// delay is how long a call that would go alone waits for company
+	// while its key is busy (0: never); sleep waits it (preciseSleep).
+	delay func() time.Duration
+	sleep func(time.Duration)
 
 	mu     sync.Mutex
 	queues map[K]*groupQueue[R, A]
+	// shared is when each key last sent a batch of more than one call.
+	shared map[K]time.Time
 }
+
+// sharedWindow is how recent a key's last shared batch must be for its
+// lone calls to wait for company.
+const sharedWindow = 10 * time.Millisecond
+
+// maxShared bounds the keys shared remembers: past it the entries older
+// than sharedWindow are dropped.
+const maxShared = 4096
 
 // groupQueue is one key's calls waiting to be sent; busy is set while a
 // caller leads.
@@ -51,8 +74,13 @@ type groupCall[R, A any] struct {
 	err  error
 }
 
-func newGroupCommit[K comparable, R, A any](max int, id func(R) uuid.UUID, run func(context.Context, K, []R) ([]A, error)) *groupCommit[K, R, A] {
-	return &groupCommit[K, R, A]{run: run, id: id, max: max, queues: map[K]*groupQueue[R, A]{}}
+// newGroupCommit batches calls with run; delay, nil or returning 0, makes
+// lone calls go at once.
+func newGroupCommit[K comparable, R, A any](max int, id func(R) uuid.UUID, delay func() time.Duration, run func(context.Context, K, []R) ([]A, error)) *groupCommit[K, R, A] {
+	if delay == nil {
+		delay = func() time.Duration { return 0 }
+	}
+	return &groupCommit[K, R, A]{run: run, id: id, max: max, delay: delay, sleep: preciseSleep, queues: map[K]*groupQueue[R, A]{}, shared: map[K]time.Time{}}
 }
 
 // call sends req with whatever other calls of key are waiting, and returns
@@ -80,9 +108,13 @@ func (b *groupCommit[K, R, A]) call(ctx context.Context, key K, req R) (A, error
 
 // lead sends batches of q until own is answered, then passes the lead on.
 func (b *groupCommit[K, R, A]) lead(key K, q *groupQueue[R, A], own *groupCall[R, A]) {
+	b.awaitCompany(key, q)
 	for answered := false; !answered; {
 		b.mu.Lock()
 		batch := b.take(q)
+		if len(batch) > 1 {
+			b.markShared(key)
+		}
 		b.mu.Unlock()
 		b.send(key, batch)
 		for _, c := range batch {
@@ -103,6 +135,36 @@ func (b *groupCommit[K, R, A]) lead(key K, q *groupQueue[R, A], own *groupCall[R
 	next := q.waiting[0]
 	b.mu.Unlock()
 	next.wake <- true
+}
+
+// awaitCompany waits the delay when the leader's call is alone in q and key
+// is busy; the calls that arrive meanwhile go in its batch.
+func (b *groupCommit[K, R, A]) awaitCompany(key K, q *groupQueue[R, A]) {
+	d := b.delay()
+	if d <= 0 {
+		return
+	}
+	b.mu.Lock()
+	last, ok := b.shared[key]
+	busy := ok && time.Since(last) < sharedWindow
+	alone := len(q.waiting) == 1
+	b.mu.Unlock()
+	if alone && busy {
+		b.sleep(d)
+	}
+}
+
+// markShared notes that key sent a batch of more than one call (b.mu held).
+func (b *groupCommit[K, R, A]) markShared(key K) {
+	now := time.Now()
+	if _, ok := b.shared[key]; !ok && len(b.shared) >= maxShared {
+		for k, t := range b.shared {
+			if now.Sub(t) >= sharedWindow {
+				delete(b.shared, k)
+			}
+		}
+	}
+	b.shared[key] = now
 }
 
 // take removes from the queue up to max calls of distinct ids, oldest

@@ -2,6 +2,7 @@ package joblib
 
 import (
 	"context"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/zndraw/joblib/models"
@@ -20,7 +21,7 @@ type reportBatcher struct {
 	*groupCommit[uuid.UUID, models.HotUpdate, *models.HotTask]
 }
 
-func newReportBatcher(run func(context.Context, uuid.UUID, []models.HotUpdate) ([]models.HotTask, error)) *reportBatcher {
+func newReportBatcher(run func(context.Context, uuid.UUID, []models.HotUpdate) ([]models.HotTask, error), delay func() time.Duration) *reportBatcher {
 	byTask := func(ctx context.Context, user uuid.UUID, ups []models.HotUpdate) ([]*models.HotTask, error) {
 		hts, err := run(ctx, user, ups)
 		if err != nil {
@@ -36,7 +37,7 @@ func newReportBatcher(run func(context.Context, uuid.UUID, []models.HotUpdate) (
 		}
 		return out, nil
 	}
-	return &reportBatcher{newGroupCommit(maxReportBatch, func(up models.HotUpdate) uuid.UUID { return up.ID }, byTask)}
+	return &reportBatcher{newGroupCommit(maxReportBatch, func(up models.HotUpdate) uuid.UUID { return up.ID }, delay, byTask)}
 }
 
 // report sends up, a report of one of user's workers, with whatever other

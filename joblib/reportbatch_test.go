@@ -73,7 +73,7 @@ func (b *reportBatcher) waiting(user uuid.UUID) int {
 // cancel the statement that carries the others' reports.
 func TestReportBatcherGroupsWaitingReports(t *testing.T) {
 	f := &fakeReports{entered: make(chan struct{}), release: make(chan struct{}), absent: map[uuid.UUID]bool{}, failing: map[uuid.UUID]bool{}}
-	b := newReportBatcher(f.run)
+	b := newReportBatcher(f.run, nil)
 	user := uuid.New()
 	ids := make([]uuid.UUID, 6)
 	for i := range ids {
@@ -144,7 +144,7 @@ func TestReportBatcherGroupsWaitingReports(t *testing.T) {
 func TestReportBatcherFailedStatement(t *testing.T) {
 	boom, other, first := uuid.New(), uuid.New(), uuid.New()
 	f := &fakeReports{entered: make(chan struct{}), release: make(chan struct{}), failing: map[uuid.UUID]bool{boom: true}}
-	b := newReportBatcher(f.run)
+	b := newReportBatcher(f.run, nil)
 	user := uuid.New()
 	errs := make(chan error, 3)
 	report := func(id uuid.UUID) {
@@ -197,7 +197,7 @@ func TestReportBatcherUnderConcurrency(t *testing.T) {
 		}
 		return out, nil
 	}
-	b := newReportBatcher(run)
+	b := newReportBatcher(run, nil)
 	users := []uuid.UUID{uuid.New(), uuid.New(), uuid.New()}
 	const perUser, reporters = 100, 12
 	type job struct {

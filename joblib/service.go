@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/zndraw/joblib/events"
@@ -101,10 +102,11 @@ func New(cfg Config) *Service {
 	s.progress = newProgressCoalescer(s.publishNow, func() float64 { return s.Settings().TaskProgressRate })
 	s.runner = newInternalRunner(s)
 	s.relay = newRelay(s)
-	s.claims = newClaimBatcher(s.db, s.hotNotify)
+	groupDelay := func() time.Duration { return s.Settings().GroupCommitDelay }
+	s.claims = newClaimBatcher(s.db, s.hotNotify, groupDelay)
 	s.reports = newReportBatcher(func(ctx context.Context, user uuid.UUID, ups []models.HotUpdate) ([]models.HotTask, error) {
 		return s.db.UpdateTasksHot(ctx, ups, hotTransitions, user, s.hotNotify())
-	})
+	}, groupDelay)
 	s.node = cfg.Node
 	if s.node.ID == "" {
 		n, err := NewNode(cfg.Settings.NodeID)

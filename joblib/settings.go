@@ -138,6 +138,11 @@ type Settings struct {
 	// never without it), without the commit serialisation a NOTIFY inside
 	// the change would cause (see BENCHMARKS.md).
 	NotifyAfterCommit bool `env:"NOTIFY_AFTER_COMMIT" envDefault:"false"`
+	// GroupCommitDelay (PostgreSQL) is how long a claim or status report
+	// that would go to the database alone waits for others of its user to
+	// share its statement, while that user's calls are already sharing
+	// statements (see groupCommit). 0 sends lone calls at once.
+	GroupCommitDelay time.Duration `env:"GROUP_COMMIT_DELAY" envDefault:"300us"`
 }
 
 // DefaultSettings returns the documented defaults.
@@ -173,6 +178,7 @@ func DefaultSettings() Settings {
 		SweepBatchSize:          500,
 		SweepCapMinWorkers:      10,
 		AuditRetention:          720 * time.Hour,
+		GroupCommitDelay:        300 * time.Microsecond,
 		TaskRetentionCompleted:  24 * time.Hour,
 		TaskRetentionFailed:     168 * time.Hour,
 		TaskRetentionBatch:      1000,
@@ -203,6 +209,9 @@ func (s Settings) Validate() error {
 	}
 	if s.ProviderMaxResultBytes <= 0 {
 		return fmt.Errorf("JOBLIB_PROVIDER_MAX_RESULT_BYTES must be positive, got %d", s.ProviderMaxResultBytes)
+	}
+	if s.GroupCommitDelay < 0 || s.GroupCommitDelay >= sharedWindow {
+		return fmt.Errorf("JOBLIB_GROUP_COMMIT_DELAY must be at least 0 and below %s, got %s", sharedWindow, s.GroupCommitDelay)
 	}
 	if s.ProviderCacheBytes <= 0 || s.ProviderCacheEntries <= 0 {
 		return fmt.Errorf("JOBLIB_PROVIDER_CACHE_BYTES and JOBLIB_PROVIDER_CACHE_ENTRIES must be positive, got %d and %d", s.ProviderCacheBytes, s.ProviderCacheEntries)

@@ -79,6 +79,7 @@ type options struct {
 	bus                    string
 	rawNotify              bool
 	notifyAfterCommit      bool
+	groupDelay             time.Duration
 	setupSQL               string
 	params                 string
 	floor                  bool
@@ -98,6 +99,7 @@ func main() {
 	flag.IntVar(&o.batch, "batch", 1, "tasks per joblib claim: 1 uses POST /tasks/claim, more uses POST /tasks/claim-batch")
 	flag.StringVar(&o.bus, "bus", "local", "PostgreSQL event bus: local (in-process, one node) or pg (NOTIFY to other nodes, as serve runs on PostgreSQL)")
 	flag.BoolVar(&o.notifyAfterCommit, "notify-after-commit", false, "with -bus pg: NOTIFY other nodes after each commit (JOBLIB_NOTIFY_AFTER_COMMIT)")
+	flag.DurationVar(&o.groupDelay, "group-commit-delay", joblib.DefaultSettings().GroupCommitDelay, "how long a lone claim or report waits for company while its user is busy (JOBLIB_GROUP_COMMIT_DELAY)")
 	flag.BoolVar(&o.rawNotify, "raw-notify", false, "the raw loop also sends a pg_notify inside each of its statements")
 	flag.StringVar(&o.setupSQL, "setup-sql", "", "SQL run on joblib's schema after the migrations (experiments: an index or trigger less)")
 	flag.StringVar(&o.params, "params", "", "extra connection parameters for joblib's pool (experiments: plan_cache_mode=force_generic_plan)")
@@ -436,6 +438,7 @@ func newBenchNode(ctx context.Context, db *models.DB, i int, token *string, o op
 	// Submissions fill the queue before each timed phase: no rate limit.
 	cfg.Settings.SubmitRate = 0
 	cfg.Settings.NotifyAfterCommit = o.notifyAfterCommit
+	cfg.Settings.GroupCommitDelay = o.groupDelay
 	if db.Dialect() == models.Postgres && o.bus == "pg" {
 		// As deployed: events reach other nodes by NOTIFY.
 		bus := events.NewPGBus(db.Pool, fmt.Sprintf("bench%d", i), nil)

@@ -278,6 +278,7 @@ func TestConfigurationCheckedFirst(t *testing.T) {
 		{"JOBLIB_WORKER_TIMEOUT=0s", "JOBLIB_WORKER_TIMEOUT must be positive", "KEEPALIVE"},
 		{"JOBLIB_WORKER_TIMEOUT=soon", "JOBLIB_WORKER_TIMEOUT", ""},
 		{"JOBLIB_TASK_MAX_RESULT_BYTES=0", "JOBLIB_TASK_MAX_RESULT_BYTES", ""},
+		{"JOBLIB_GROUP_COMMIT_DELAY=1s", "JOBLIB_GROUP_COMMIT_DELAY must be at least 0 and below 10ms", ""},
 		{"JOBLIB_BUILTIN_JOBS=maybe", "JOBLIB_BUILTIN_JOBS", ""},
 	} {
 		code, _, errOut := runBin(t, dir, []string{c.env}, "serve")
