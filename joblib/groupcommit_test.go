@@ -66,6 +66,17 @@ func (d *delayed) last() []int {
 	return slices.Sorted(slices.Values(d.batches[len(d.batches)-1]))
 }
 
+// makeBusy sends call n of key and, while it is in the statement, calls n+1
+// and n+2, which share the next batch: key is then busy.
+func (d *delayed) makeBusy(t *testing.T, key string, n int) {
+	first := d.goCall(t, key, n)
+	synctest.Wait()
+	second, third := d.goCall(t, key, n+1), d.goCall(t, key, n+2)
+	<-first
+	<-second
+	<-third
+}
+
 // A call that would go to the database alone waits the delay for company
 // only while its key is busy (one of its batches of the last sharedWindow
 // carried more than one call), and takes along every call that arrived
@@ -143,12 +154,7 @@ func TestGroupCommitDelayWaitsOnlyWhileBusy(t *testing.T) {
 func TestGroupCommitWithoutDelay(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		d := newDelayed(4, 0)
-		first := d.goCall(t, "fleet", 1)
-		synctest.Wait()
-		second, third := d.goCall(t, "fleet", 2), d.goCall(t, "fleet", 3)
-		<-first
-		<-second
-		<-third
+		d.makeBusy(t, "fleet", 1)
 		if got := d.took(t, "fleet", 4); got != stmt {
 			t.Errorf("lone call of a busy key without delay took %v, want %v", got, stmt)
 		}
@@ -166,12 +172,7 @@ func TestGroupCommitForgetsQuietKeys(t *testing.T) {
 		}
 		d.groupCommit.mu.Unlock()
 		time.Sleep(sharedWindow)
-		first := d.goCall(t, "fleet", 1)
-		synctest.Wait()
-		second, third := d.goCall(t, "fleet", 2), d.goCall(t, "fleet", 3)
-		<-first
-		<-second
-		<-third
+		d.makeBusy(t, "fleet", 1)
 		d.groupCommit.mu.Lock()
 		n := len(d.shared)
 		d.groupCommit.mu.Unlock()
