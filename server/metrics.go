@@ -243,6 +243,20 @@ func (c socketCollector) Collect(ch chan<- prometheus.Metric) {
 	c.disconnects.Collect(ch)
 }
 
+// HomeCollectors count the claims and status reports this node forwarded
+// to their user's home node, and those it served itself because the home
+// node could not be reached.
+func HomeCollectors(s *Server) []prometheus.Collector {
+	return []prometheus.Collector{
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "joblib_home_forwarded_total", Help: "Claims and status reports forwarded to the user's home node (JOBLIB_HOME_ROUTING).",
+		}, func() float64 { return float64(s.HomeForwarded()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "joblib_home_fallbacks_total", Help: "Claims and status reports served here because the user's home node could not be reached.",
+		}, func() float64 { return float64(s.HomeFallbacks()) }),
+	}
+}
+
 // ForwardCollector counts the socket requests (polling, upgrades) this node
 // forwarded to the node that holds their session.
 func ForwardCollector(rt *Realtime) prometheus.Collector {

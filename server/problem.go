@@ -112,6 +112,11 @@ func classify(ctx context.Context, err error) verdict {
 		return verdict{Problem: Problem{Type: "/v1/problems/room-auth-unavailable", Title: http.StatusText(503), Status: 503,
 			Detail: "Room authorization service unavailable"}, Log: "room authorization unavailable", LogLevel: slog.LevelWarn}
 	}
+	if errors.Is(err, errHomeNodeUnavailable) {
+		return verdict{Problem: Problem{Type: "/v1/problems/node-unavailable", Title: http.StatusText(503), Status: 503,
+			Detail: "the node that serves this user's claims and reports took the request and did not answer; it may have run: check the task before retrying"},
+			RetryAfter: time.Second}
+	}
 	if errors.Is(context.Cause(ctx), errDBBudget) || (models.IsTimeout(err) && ctx.Err() == nil) {
 		return classify(ctx, &joblib.Error{Code: joblib.CodeStatementTimeout, Limit: limits.StatementTimeout, RetryAfter: 5 * time.Second,
 			Detail: "the request's database work took longer than its budget and was cancelled; narrow the request or retry later"})

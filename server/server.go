@@ -19,6 +19,7 @@ import (
 	"github.com/zndraw/joblib/internal/limits"
 	"github.com/zndraw/joblib/internal/ratelimit"
 	"github.com/zndraw/joblib/joblib"
+	"github.com/zndraw/joblib/models"
 )
 
 // Config is the HTTP side's configuration (JOBLIB_-prefixed environment
@@ -83,6 +84,11 @@ type Config struct {
 	// MetricsAddr, when set, serves /metrics on this address only (not on
 	// ListenAddr).
 	MetricsAddr string `env:"METRICS_ADDR"`
+	// HomeRouting forwards each claim and status report to its user's home
+	// node (PostgreSQL clusters; see home.go), where the user's calls share
+	// statements: the database's work per task does not grow with the
+	// number of nodes. Off: every node serves the calls it receives.
+	HomeRouting bool `env:"HOME_ROUTING" envDefault:"true"`
 	// RoomAuth delegates room access decisions to the host application.
 	RoomAuth RoomAuthConfig
 }
@@ -93,7 +99,7 @@ func DefaultConfig() Config {
 		JWTLeeway: 30 * time.Second, CredentialCacheTTL: DefaultCredentialCacheTTL, RoomAuth: DefaultRoomAuthConfig(),
 		AuthFailureRate: 50, AuthFailureBurst: 500,
 		MaxJSONDepth: jsonguard.DefaultMaxDepth, MaxListOffset: DefaultMaxListOffset,
-		ReadDBTimeout: 5 * time.Second, WriteDBTimeout: 15 * time.Second}
+		ReadDBTimeout: 5 * time.Second, WriteDBTimeout: 15 * time.Second, HomeRouting: true}
 }
 
 // Validate rejects configurations the server cannot run with; errors name the
@@ -134,7 +140,8 @@ type Server struct {
 	cfg        Config
 	log        *slog.Logger
 	auth       *authenticator
-	rooms      *roomAuth // nil without JOBLIB_ROOM_AUTH_URL
+	rooms      *roomAuth   // nil without JOBLIB_ROOM_AUTH_URL
+	home       *homeRouter // nil without JOBLIB_HOME_ROUTING or on SQLite
 	proxies    clientaddr.Proxies
 	mux        *http.ServeMux
 	rejections *limits.Rejections
@@ -185,6 +192,9 @@ func New(svc *joblib.Service, cfg Config, log *slog.Logger) *Server {
 		log.Error("JOBLIB_TRUSTED_PROXIES ignored", "err", err)
 	}
 	s.proxies = proxies
+	if cfg.HomeRouting && svc.DB().Dialect() == models.Postgres {
+		s.home = newHomeRouter(svc, cfg, log, s.fail, s.auth.authenticate)
+	}
 	s.routes()
 	return s
 }

@@ -80,6 +80,7 @@ type options struct {
 	rawNotify              bool
 	notifyAfterCommit      bool
 	groupDelay             time.Duration
+	homeRouting            bool
 	setupSQL               string
 	params                 string
 	floor                  bool
@@ -99,6 +100,7 @@ func main() {
 	flag.IntVar(&o.batch, "batch", 1, "tasks per joblib claim: 1 uses POST /tasks/claim, more uses POST /tasks/claim-batch")
 	flag.StringVar(&o.bus, "bus", "local", "PostgreSQL event bus: local (in-process, one node) or pg (NOTIFY to other nodes, as serve runs on PostgreSQL)")
 	flag.BoolVar(&o.notifyAfterCommit, "notify-after-commit", false, "with -bus pg: NOTIFY other nodes after each commit (JOBLIB_NOTIFY_AFTER_COMMIT)")
+	flag.BoolVar(&o.homeRouting, "home-routing", true, "with -nodes: each node holds a lease with its address and forwards claims and reports to the user's home node (JOBLIB_HOME_ROUTING)")
 	flag.DurationVar(&o.groupDelay, "group-commit-delay", joblib.DefaultSettings().GroupCommitDelay, "how long a lone claim or report waits for company while its user is busy (JOBLIB_GROUP_COMMIT_DELAY)")
 	flag.BoolVar(&o.rawNotify, "raw-notify", false, "the raw loop also sends a pg_notify inside each of its statements")
 	flag.StringVar(&o.setupSQL, "setup-sql", "", "SQL run on joblib's schema after the migrations (experiments: an index or trigger less)")
@@ -376,6 +378,9 @@ type benchNode struct {
 	srv *httptest.Server
 	rt  *server.Realtime
 	c   *client
+	// lease is the node's lease; api counts the calls it forwarded.
+	lease *joblib.Lease
+	api   *server.Server
 }
 
 func newJoblibBench(ctx context.Context, db *models.DB, url string, statements *atomic.Int64, o options) (*joblibBench, error) {
@@ -457,7 +462,9 @@ func newBenchNode(ctx context.Context, db *models.DB, i int, token *string, o op
 		}
 		*token = t
 	}
-	api := server.New(svc, server.DefaultConfig(), nil)
+	scfg := server.DefaultConfig()
+	scfg.HomeRouting = o.homeRouting
+	api := server.New(svc, scfg, nil)
 	rt := api.NewRealtime(server.DefaultRealtimeConfig(), nil)
 	api.Handle("/socket.io/", rt)
 	if err := rt.Start(ctx); err != nil {
@@ -465,8 +472,15 @@ func newBenchNode(ctx context.Context, db *models.DB, i int, token *string, o op
 		return nil, err
 	}
 	srv := httptest.NewServer(api.Handler())
+	// As serve runs: a lease that names where other nodes reach this one.
+	lease := svc.NewLease(joblib.LeaseConfig{Addr: strings.TrimPrefix(srv.URL, "http://")})
+	if err := lease.Start(ctx); err != nil {
+		srv.Close()
+		svc.Close()
+		return nil, err
+	}
 	c := &client{base: srv.URL + "/v1/joblib", token: *token, http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: o.workers * 2}}}
-	return &benchNode{svc: svc, srv: srv, rt: rt, c: c}, nil
+	return &benchNode{svc: svc, srv: srv, rt: rt, c: c, lease: lease, api: api}, nil
 }
 
 // holdTasks makes another worker hold 100 running tasks of its own job, for
@@ -546,6 +560,7 @@ func (n *benchNode) close() {
 	if err := n.rt.Shutdown(ctx); err != nil {
 		log.Printf("shutdown realtime: %v", err)
 	}
+	n.lease.Stop()
 	n.srv.Close()
 	n.svc.Close()
 	if pb, ok := n.svc.Bus().(*events.PGBus); ok {

@@ -255,6 +255,7 @@ func (p *process) startSockets(ctx context.Context) error {
 		return err
 	}
 	p.reg.MustRegister(server.SocketCollector(p.rt), server.ForwardCollector(p.rt), p.srv.Rejections())
+	p.reg.MustRegister(server.HomeCollectors(p.srv)...)
 	return nil
 }
 

@@ -1,0 +1,329 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"hash/fnv"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/zndraw/joblib/joblib"
+	"github.com/zndraw/joblib/models"
+)
+
+// Home routing (PostgreSQL clusters). A worker's claims and status reports
+// share statements with the same user's calls that meet them on one node
+// (joblib's group commit). Spread by a load balancer over N nodes, each
+// node groups only its share of a fleet, and the database pays each
+// statement's fixed cost (start-up, commit, round trip) up to N times as
+// often: the database, which every node shares, does more work per task
+// the more nodes there are.
+//
+// So each user has a home node: of the live nodes' leases, the one whose
+// run scores highest for the user id (rendezvous hashing, so a node joining
+// or leaving moves only the users it wins or held). A node that receives a
+// claim or a status report of a user homed elsewhere forwards the request
+// there, one hop inside the cluster; the home node checks the credentials
+// again and serves it. The extra work is the nodes', which scale out.
+//
+// Routing only ever moves work: every node can serve every call.
+//   - A home node that cannot be reached (connection refused, no answer to
+//     the dial within homeDialTimeout) is passed over for homeDownFor, and
+//     the call is served where it arrived.
+//   - A forwarded request is never forwarded again, so nodes that briefly
+//     disagree about the live set lose grouping, never a call.
+//   - Once the request has reached the home node it may have run there, so
+//     it is never run a second time: the home node's answer is the
+//     client's, and a home node that stops answering (frozen) is answered
+//     503 node-unavailable with Retry-After after homeResponseWait.
+
+// Timings of home routing.
+const (
+	// homeNodesTTL is how long the list of live nodes is reused before a
+	// hot call reads it again (one small query per node per TTL, only
+	// while hot calls arrive).
+	homeNodesTTL = 2 * time.Second
+	// homeDownFor is how long a node that could not be reached is passed
+	// over.
+	homeDownFor = 5 * time.Second
+	// homeDialTimeout bounds the connection to a home node.
+	homeDialTimeout = time.Second
+)
+
+// homeResponseWait bounds the wait for a home node's answer: twice the
+// request's database budget (JOBLIB_WRITE_DB_TIMEOUT; a minute without
+// one). A home node that works answers within its budget, so one that has
+// not answered by then has stopped (frozen, or its host gone).
+func homeResponseWait(writeBudget time.Duration) time.Duration {
+	if writeBudget <= 0 {
+		return time.Minute
+	}
+	return 2 * writeBudget
+}
+
+// errHomeNodeUnavailable answers a forwarded call whose home node took the
+// request and then did not answer.
+var errHomeNodeUnavailable = errors.New("home node unavailable")
+
+// homeNode is a live node that can be forwarded to.
+type homeNode struct {
+	run, addr string
+}
+
+type homeRouter struct {
+	self  string // this node's run
+	nodes func(context.Context) ([]models.NodeLease, error)
+	auth  func(context.Context, string) (joblib.Principal, error)
+	fail  func(http.ResponseWriter, *http.Request, error)
+	max   int64 // request bodies up to this size are forwarded
+	log   *slog.Logger
+	now   func() time.Time
+	proxy *httputil.ReverseProxy
+
+	forwarded atomic.Int64 // calls forwarded to their home node
+	fallbacks atomic.Int64 // calls served here because the home node could not be reached
+
+	mu         sync.Mutex
+	live       []homeNode
+	readAt     time.Time // when live was read; zero: never
+	refreshing bool
+	down       map[string]time.Time // runs passed over, until when
+}
+
+// homeCall is what the proxy's hooks need of one forwarded call.
+type homeCall struct {
+	target *url.URL
+	run    string
+	body   []byte
+	local  http.HandlerFunc
+}
+
+type homeCallKey struct{}
+
+// homeDialError marks a failure to connect to the home node: nothing was
+// sent, so the call can be served here.
+type homeDialError struct{ err error }
+
+func (e *homeDialError) Error() string { return "dial home node: " + e.err.Error() }
+func (e *homeDialError) Unwrap() error { return e.err }
+
+func newHomeRouter(svc *joblib.Service, cfg Config, log *slog.Logger, fail func(http.ResponseWriter, *http.Request, error), auth func(context.Context, string) (joblib.Principal, error)) *homeRouter {
+	h := &homeRouter{self: svc.Node().Run, nodes: svc.Nodes, auth: auth, fail: fail, max: cfg.MaxBodyBytes,
+		log: log, now: time.Now, down: map[string]time.Time{}}
+	dialer := &net.Dialer{Timeout: homeDialTimeout, KeepAlive: 30 * time.Second}
+	transport := &http.Transport{
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := dialer.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, &homeDialError{err}
+			}
+			return c, nil
+		},
+		MaxIdleConns:          1024,
+		MaxIdleConnsPerHost:   256,
+		IdleConnTimeout:       90 * time.Second,
+		ResponseHeaderTimeout: homeResponseWait(cfg.WriteDBTimeout),
+	}
+	h.proxy = &httputil.ReverseProxy{
+		Transport: transport,
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			c := pr.In.Context().Value(homeCallKey{}).(*homeCall)
+			pr.SetURL(c.target)
+			pr.Out.Host = pr.In.Host // the origin checks compare with the client's host
+			pr.SetXForwarded()
+			pr.Out.Header.Set(forwardedHeader, "1")
+			// A body the transport can send again: a request on a kept-alive
+			// connection the home node had closed is retried on a new one.
+			pr.Out.Body = io.NopCloser(bytes.NewReader(c.body))
+			pr.Out.ContentLength = int64(len(c.body))
+			pr.Out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(c.body)), nil }
+		},
+		ErrorHandler: h.forwardFailed,
+	}
+	return h
+}
+
+// routeHome wraps a hot call's handler with home routing, when it is on.
+func (s *Server) routeHome(next http.HandlerFunc) http.HandlerFunc {
+	if s.home == nil {
+		return next
+	}
+	return s.home.route(next)
+}
+
+// HomeForwarded is the number of claims and status reports this node
+// forwarded to their user's home node; HomeFallbacks those it served itself
+// because the home node could not be reached.
+func (s *Server) HomeForwarded() int64 {
+	if s.home == nil {
+		return 0
+	}
+	return s.home.forwarded.Load()
+}
+
+// HomeFallbacks: see HomeForwarded.
+func (s *Server) HomeFallbacks() int64 {
+	if s.home == nil {
+		return 0
+	}
+	return s.home.fallbacks.Load()
+}
+
+// route serves next here, or forwards the request to its user's home node.
+func (h *homeRouter) route(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get(forwardedHeader) != "" {
+			next(w, r) // a node already routed it
+			return
+		}
+		// Only a caller known here is routed; anything else is answered
+		// here, by next, as it would be anywhere.
+		p, err := h.auth(r.Context(), tokenFrom(r))
+		if err != nil {
+			next(w, r)
+			return
+		}
+		n, ok := h.home(r.Context(), p.ID)
+		if !ok {
+			next(w, r)
+			return
+		}
+		body, err := io.ReadAll(io.LimitReader(r.Body, h.max+1))
+		if err != nil || int64(len(body)) > h.max {
+			// next answers the unreadable or oversized body.
+			r.Body = io.NopCloser(io.MultiReader(bytes.NewReader(body), r.Body))
+			next(w, r)
+			return
+		}
+		h.forwarded.Add(1)
+		c := &homeCall{target: &url.URL{Scheme: "http", Host: n.addr}, run: n.run, body: body, local: next}
+		h.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), homeCallKey{}, c)))
+	}
+}
+
+// forwardFailed answers a forwarded call the proxy could not complete.
+func (h *homeRouter) forwardFailed(w http.ResponseWriter, r *http.Request, err error) {
+	c := r.Context().Value(homeCallKey{}).(*homeCall)
+	if r.Context().Err() != nil {
+		return // the client left
+	}
+	h.passOver(c.run)
+	if _, dial := errors.AsType[*homeDialError](err); dial {
+		// Nothing reached the home node: serve the call here.
+		h.forwarded.Add(-1)
+		h.fallbacks.Add(1)
+		h.log.Warn("home node unreachable: serving its users' calls here", "run", c.run, "addr", c.target.Host, "for", homeDownFor, "err", err)
+		r.Body = io.NopCloser(bytes.NewReader(c.body))
+		c.local(w, r)
+		return
+	}
+	h.log.Warn("home node did not answer a forwarded call", "run", c.run, "addr", c.target.Host, "err", err)
+	h.fail(w, r, errHomeNodeUnavailable)
+}
+
+// passOver leaves a node out of the homes for homeDownFor.
+func (h *homeRouter) passOver(run string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.down[run] = h.now().Add(homeDownFor)
+}
+
+// home returns user's home node when it is another node that can be
+// forwarded to; ok is false when the call is to be served here.
+func (h *homeRouter) home(ctx context.Context, user uuid.UUID) (homeNode, bool) {
+	live := h.liveNodes(ctx)
+	if len(live) < 2 {
+		return homeNode{}, false
+	}
+	now := h.now()
+	h.mu.Lock()
+	best, bestScore, found := homeNode{}, uint64(0), false
+	for _, n := range live {
+		if until, down := h.down[n.run]; down {
+			if now.Before(until) {
+				continue
+			}
+			delete(h.down, n.run)
+		}
+		if s := homeScore(user, n.run); !found || s > bestScore {
+			best, bestScore, found = n, s, true
+		}
+	}
+	h.mu.Unlock()
+	if !found || best.run == h.self {
+		return homeNode{}, false
+	}
+	return best, true
+}
+
+// liveNodes returns the nodes that can be homes: this one and every other
+// live lease with an address. One caller at a time reads them again once
+// homeNodesTTL has passed; the others use the last list meanwhile.
+func (h *homeRouter) liveNodes(ctx context.Context) []homeNode {
+	now := h.now()
+	h.mu.Lock()
+	live, stale := h.live, h.readAt.IsZero() || now.Sub(h.readAt) >= homeNodesTTL
+	if !stale || h.refreshing {
+		h.mu.Unlock()
+		return live
+	}
+	h.refreshing = true
+	h.mu.Unlock()
+
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	leases, err := h.nodes(ctx)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.refreshing = false
+	if err != nil {
+		// Keep the last list; the next call after the TTL tries again.
+		h.readAt = now
+		h.log.Warn("read live nodes for home routing", "err", err)
+		return h.live
+	}
+	var fresh []homeNode
+	self := false
+	for _, l := range leases {
+		switch {
+		case l.Run == h.self:
+			self = true
+			fresh = append(fresh, homeNode{run: l.Run, addr: l.Addr})
+		case l.Live && l.Addr != "":
+			fresh = append(fresh, homeNode{run: l.Run, addr: l.Addr})
+		}
+	}
+	if !self {
+		// This node without its lease (not started, or lost): its users'
+		// homes are unknown to it, so it serves every call itself.
+		fresh = nil
+	}
+	h.live, h.readAt = fresh, now
+	return fresh
+}
+
+// homeScore is the rendezvous score of a node run for a user: the same on
+// every node, with no two runs tied in practice.
+func homeScore(user uuid.UUID, run string) uint64 {
+	f := fnv.New64a()
+	_, _ = f.Write(user[:])
+	_, _ = f.Write([]byte(run))
+	x := f.Sum64()
+	// A finaliser (splitmix64's): FNV's last bytes barely reach its high
+	// bits, and runs differ mostly at the end.
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
+}
