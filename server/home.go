@@ -187,8 +187,8 @@ func (h *homeRouter) route(next http.HandlerFunc) http.HandlerFunc {
 		}
 		// Only a caller known here is routed; anything else is answered
 		// here, by next, as it would be anywhere.
-		p, err := h.auth(r.Context(), tokenFrom(r))
-		if err != nil {
+		p, refused := h.auth(r.Context(), tokenFrom(r))
+		if refused != nil {
 			next(w, r)
 			return
 		}

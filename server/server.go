@@ -19,7 +19,6 @@ import (
 	"github.com/zndraw/joblib/internal/limits"
 	"github.com/zndraw/joblib/internal/ratelimit"
 	"github.com/zndraw/joblib/joblib"
-	"github.com/zndraw/joblib/models"
 )
 
 // Config is the HTTP side's configuration (JOBLIB_-prefixed environment
@@ -141,7 +140,7 @@ type Server struct {
 	log        *slog.Logger
 	auth       *authenticator
 	rooms      *roomAuth   // nil without JOBLIB_ROOM_AUTH_URL
-	home       *homeRouter // nil without JOBLIB_HOME_ROUTING or on SQLite
+	home       *homeRouter // nil without JOBLIB_HOME_ROUTING or a hot path (SQLite)
 	proxies    clientaddr.Proxies
 	mux        *http.ServeMux
 	rejections *limits.Rejections
@@ -192,7 +191,9 @@ func New(svc *joblib.Service, cfg Config, log *slog.Logger) *Server {
 		log.Error("JOBLIB_TRUSTED_PROXIES ignored", "err", err)
 	}
 	s.proxies = proxies
-	if cfg.HomeRouting && svc.DB().Dialect() == models.Postgres {
+	if cfg.HomeRouting && svc.DB().Caps().HotPath {
+		// The calls that share statements (group commit) run on the hot
+		// path: elsewhere a node has nothing to gain from their company.
 		s.home = newHomeRouter(svc, cfg, log, s.fail, s.auth.authenticate)
 	}
 	s.routes()
