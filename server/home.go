@@ -7,6 +7,7 @@ import (
 	"hash/fnv"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -105,6 +106,7 @@ type homeCall struct {
 	run    string
 	body   []byte
 	local  http.HandlerFunc
+	header http.Header // the answer's headers set before forwarding
 }
 
 type homeCallKey struct{}
@@ -205,7 +207,11 @@ func (h *homeRouter) route(next http.HandlerFunc) http.HandlerFunc {
 			return
 		}
 		h.forwarded.Add(1)
-		c := &homeCall{target: &url.URL{Scheme: "http", Host: n.addr}, run: n.run, body: body, local: next}
+		// The home node's answer carries every header of its own (CORS
+		// included, from the same request): the ones set here would be
+		// doubled. They are put back if the call is answered here.
+		c := &homeCall{target: &url.URL{Scheme: "http", Host: n.addr}, run: n.run, body: body, local: next, header: w.Header().Clone()}
+		clear(w.Header())
 		h.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), homeCallKey{}, c)))
 	}
 }
@@ -217,6 +223,7 @@ func (h *homeRouter) forwardFailed(w http.ResponseWriter, r *http.Request, err e
 		return // the client left
 	}
 	h.passOver(c.run)
+	maps.Copy(w.Header(), c.header)
 	if _, dial := errors.AsType[*homeDialError](err); dial {
 		// Nothing reached the home node: serve the call here.
 		h.forwarded.Add(-1)

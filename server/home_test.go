@@ -43,7 +43,9 @@ func userID(t *testing.T, e *env, token string) uuid.UUID {
 // other none. Every task is claimed once and ends completed.
 func TestHomeRoutingServesAUserOnOneNode(t *testing.T) {
 	t.Parallel()
-	a, b := twoNodes(t)
+	cfg := server.DefaultConfig()
+	cfg.AllowedOrigins = []string{"*.example.com"}
+	a, b := twoNodes(t, withServer(cfg))
 	leaseNode(t, a)
 	leaseNode(t, b)
 	nodes := []*env{a, b}
@@ -111,9 +113,23 @@ func TestHomeRoutingServesAUserOnOneNode(t *testing.T) {
 		t.Errorf("fallbacks %d, %d with both nodes up", a.api.HomeFallbacks(), b.api.HomeFallbacks())
 	}
 
+	// A browser's call through either node gets one set of CORS headers.
+	for _, n := range nodes {
+		r := n.do(a.alice, "POST", api+"/tasks/claim", map[string]any{"worker_id": wids[0]}, "Origin: https://ui.example.com").want(200)
+		if got := r.Header.Values("Access-Control-Allow-Origin"); len(got) != 1 || got[0] != "https://ui.example.com" {
+			t.Errorf("Access-Control-Allow-Origin %q, want it once", got)
+		}
+		if got := r.Header.Values("Vary"); len(got) != 1 {
+			t.Errorf("Vary %q, want one", got)
+		}
+	}
+
 	// Not routed: a refused credential is answered where it arrives, and a
 	// request another node already forwarded is served here.
-	before := fa + fb
+	before := a.api.HomeForwarded() + b.api.HomeForwarded()
+	if before != fa+fb+1 {
+		t.Errorf("forwarded %d of the two browser calls, want 1", before-fa-fb)
+	}
 	for _, n := range nodes {
 		n.do("not-a-token", "POST", api+"/tasks/claim", map[string]any{"worker_id": wids[0]}).problem(401, "unauthorized")
 		n.do(a.alice, "POST", api+"/tasks/claim", map[string]any{"worker_id": wids[0]}, "X-Joblib-Forwarded: 1").want(200)
