@@ -44,8 +44,10 @@ import (
 //     disagree about the live set lose grouping, never a call.
 //   - Once the request has reached the home node it may have run there, so
 //     it is never run a second time: the home node's answer is the
-//     client's, and a home node that stops answering (frozen) is answered
-//     503 node-unavailable with Retry-After after homeResponseWait.
+//     client's. A home node that stops answering (frozen) is answered 503
+//     node-unavailable with Retry-After once its lease lapses (watch), so
+//     its users wait no longer than its own clients, or at the latest after
+//     homeResponseWait.
 
 // Timings of home routing.
 const (
@@ -58,6 +60,9 @@ const (
 	homeDownFor = 5 * time.Second
 	// homeDialTimeout bounds the connection to a home node.
 	homeDialTimeout = time.Second
+	// homeWatchEvery is how often the leases of the nodes that calls are
+	// in flight to are read again (see homeRouter.inFlight).
+	homeWatchEvery = time.Second
 )
 
 // homeResponseWait bounds the wait for a home node's answer: twice the
@@ -97,7 +102,18 @@ type homeRouter struct {
 	live       []homeNode
 	readAt     time.Time // when live was read; zero: never
 	refreshing bool
-	down       map[string]time.Time // runs passed over, until when
+	down       map[string]time.Time    // runs passed over, until when
+	flights    map[string]*homeFlights // calls in flight per home run
+	watching   bool                    // watch runs
+}
+
+// homeFlights are the calls in flight to one home node.
+type homeFlights struct {
+	calls map[*homeFlight]struct{}
+}
+
+type homeFlight struct {
+	cancel context.CancelCauseFunc
 }
 
 // homeCall is what the proxy's hooks need of one forwarded call.
@@ -120,7 +136,7 @@ func (e *homeDialError) Unwrap() error { return e.err }
 
 func newHomeRouter(svc *joblib.Service, cfg Config, log *slog.Logger, fail func(http.ResponseWriter, *http.Request, error), auth func(context.Context, string) (joblib.Principal, error)) *homeRouter {
 	h := &homeRouter{self: svc.Node().Run, nodes: svc.Nodes, auth: auth, fail: fail, max: cfg.MaxBodyBytes,
-		log: log, now: time.Now, down: map[string]time.Time{}}
+		log: log, now: time.Now, down: map[string]time.Time{}, flights: map[string]*homeFlights{}}
 	dialer := &net.Dialer{Timeout: homeDialTimeout, KeepAlive: 30 * time.Second}
 	transport := &http.Transport{
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -212,14 +228,84 @@ func (h *homeRouter) route(next http.HandlerFunc) http.HandlerFunc {
 		// doubled. They are put back if the call is answered here.
 		c := &homeCall{target: &url.URL{Scheme: "http", Host: n.addr}, run: n.run, body: body, local: next, header: w.Header().Clone()}
 		clear(w.Header())
-		h.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), homeCallKey{}, c)))
+		ctx, done := h.inFlight(r.Context(), n.run)
+		defer done()
+		h.proxy.ServeHTTP(w, r.WithContext(context.WithValue(ctx, homeCallKey{}, c)))
+	}
+}
+
+// inFlight registers a call forwarded to run: its context is cancelled
+// with errHomeNodeUnavailable if run's lease lapses before it is answered
+// (a frozen node's does within JOBLIB_NODE_LEASE_TIMEOUT), so its callers
+// wait no longer than the node's own clients do. done ends the call.
+func (h *homeRouter) inFlight(parent context.Context, run string) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(parent)
+	h.mu.Lock()
+	f := h.flights[run]
+	if f == nil {
+		f = &homeFlights{calls: map[*homeFlight]struct{}{}}
+		h.flights[run] = f
+	}
+	call := &homeFlight{cancel: cancel}
+	f.calls[call] = struct{}{}
+	if !h.watching {
+		h.watching = true
+		go h.watch()
+	}
+	h.mu.Unlock()
+	return ctx, func() {
+		h.mu.Lock()
+		delete(f.calls, call)
+		if len(f.calls) == 0 && h.flights[run] == f {
+			delete(h.flights, run)
+		}
+		h.mu.Unlock()
+		cancel(nil)
+	}
+}
+
+// watch runs while calls are in flight: every homeWatchEvery it reads the
+// node leases and cancels the calls forwarded to runs no longer live.
+func (h *homeRouter) watch() {
+	t := time.NewTicker(homeWatchEvery)
+	defer t.Stop()
+	for range t.C {
+		h.mu.Lock()
+		if len(h.flights) == 0 {
+			h.watching = false
+			h.mu.Unlock()
+			return
+		}
+		h.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), homeWatchEvery)
+		leases, err := h.nodes(ctx)
+		cancel()
+		if err != nil {
+			continue // the calls' own timeout still bounds them
+		}
+		live := map[string]bool{}
+		for _, l := range leases {
+			live[l.Run] = l.Live
+		}
+		h.mu.Lock()
+		for run, f := range h.flights {
+			if live[run] {
+				continue
+			}
+			for call := range f.calls {
+				call.cancel(errHomeNodeUnavailable)
+			}
+			delete(h.flights, run)
+			h.down[run] = h.now().Add(homeDownFor)
+		}
+		h.mu.Unlock()
 	}
 }
 
 // forwardFailed answers a forwarded call the proxy could not complete.
 func (h *homeRouter) forwardFailed(w http.ResponseWriter, r *http.Request, err error) {
 	c := r.Context().Value(homeCallKey{}).(*homeCall)
-	if r.Context().Err() != nil {
+	if cause := context.Cause(r.Context()); cause != nil && !errors.Is(cause, errHomeNodeUnavailable) {
 		return // the client left
 	}
 	h.passOver(c.run)

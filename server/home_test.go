@@ -148,9 +148,9 @@ func payloads(n int) []map[string]any {
 	return out
 }
 
-// fakeHome writes a live lease for a node run that wins user's home over
-// every node of nodes, advertising addr.
-func fakeHome(t *testing.T, db *models.DB, user uuid.UUID, addr string, nodes ...*env) {
+// fakeHome writes a lease valid for ttl for a node run that wins user's
+// home over every node of nodes, advertising addr.
+func fakeHome(t *testing.T, db *models.DB, user uuid.UUID, addr string, ttl time.Duration, nodes ...*env) {
 	t.Helper()
 	for {
 		run := uuid.NewString()
@@ -161,7 +161,7 @@ func fakeHome(t *testing.T, db *models.DB, user uuid.UUID, addr string, nodes ..
 		if !wins {
 			continue
 		}
-		if err := db.Q(context.Background()).AcquireNodeLease(run, "fake-"+run[:8], addr, time.Minute); err != nil {
+		if err := db.Q(context.Background()).AcquireNodeLease(run, "fake-"+run[:8], addr, ttl); err != nil {
 			t.Fatal(err)
 		}
 		return
@@ -183,7 +183,7 @@ func TestHomeRoutingFallsBackWhenHomeIsUnreachable(t *testing.T) {
 	}
 	refused := ln.Addr().String()
 	_ = ln.Close()
-	fakeHome(t, a.db, userID(t, a, a.alice), refused, a, b)
+	fakeHome(t, a.db, userID(t, a, a.alice), refused, time.Minute, a, b)
 
 	wid := a.registerJob(a.alice, "gone", "modifiers", "Job")["worker_id"].(string)
 	ids := a.submitBatch(a.bob, "gone", "gone:modifiers:Job", payloads(3))
@@ -201,22 +201,63 @@ func TestHomeRoutingFallsBackWhenHomeIsUnreachable(t *testing.T) {
 
 // TestHomeRoutingHomeThatDoesNotAnswer: a home node that takes the request
 // and never answers (a frozen process) is answered 503 node-unavailable
-// with Retry-After once the write budget has passed twice, the call is not
-// run a second time here, and the next call passes that node over.
+// with Retry-After once its lease lapses, or at the latest once the write
+// budget has passed twice; the call is not run a second time here, and the
+// next call passes that node over.
 func TestHomeRoutingHomeThatDoesNotAnswer(t *testing.T) {
 	t.Parallel()
-	url := dbtest.URL(t, models.Postgres)
-	cfg := server.DefaultConfig()
-	cfg.WriteDBTimeout = 300 * time.Millisecond
-	dbA, busA := pgNode(t, url, "a")
-	a := setup(t, dbA, withBus(busA), withServer(cfg))
-	leaseNode(t, a)
+	for _, tc := range []struct {
+		name     string
+		budget   time.Duration // JOBLIB_WRITE_DB_TIMEOUT
+		lease    time.Duration // the silent home's lease, from before the call
+		min, max time.Duration // when the 503 may come
+	}{
+		// 30 s would be twice the budget: the lapse answers first.
+		{"lease lapses", 15 * time.Second, time.Second, 0, 10 * time.Second},
+		{"budget passes twice", 300 * time.Millisecond, time.Minute, 600 * time.Millisecond, 10 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			url := dbtest.URL(t, models.Postgres)
+			cfg := server.DefaultConfig()
+			cfg.WriteDBTimeout = tc.budget
+			dbA, busA := pgNode(t, url, "a")
+			a := setup(t, dbA, withBus(busA), withServer(cfg))
+			leaseNode(t, a)
+			wid := a.registerJob(a.alice, "frozen", "modifiers", "Job")["worker_id"].(string)
+			id := a.submit(a.bob, "frozen", "frozen:modifiers:Job", nil)
+			fakeHome(t, a.db, userID(t, a, a.alice), silentAddr(t), tc.lease, a)
+
+			start := time.Now()
+			r := a.do(a.alice, "POST", api+"/tasks/claim", map[string]any{"worker_id": wid})
+			waited := time.Since(start)
+			r.problem(503, "node-unavailable")
+			if r.Header.Get("Retry-After") != "1" {
+				t.Errorf("Retry-After %q, want 1", r.Header.Get("Retry-After"))
+			}
+			if waited < tc.min || waited > tc.max {
+				t.Errorf("answered after %v, want between %v and %v", waited, tc.min, tc.max)
+			}
+			if got := a.do(a.alice, "GET", api+"/tasks/"+id, nil).want(200).M()["status"]; got != "pending" {
+				t.Errorf("task is %v after the unanswered claim, want pending: it ran here too", got)
+			}
+			if task := a.claim(a.alice, wid); task == nil || task["id"] != id {
+				t.Errorf("next claim: %v, want task %s served here", task, id)
+			}
+		})
+	}
+}
+
+// silentAddr is the address of a listener that accepts connections and
+// never reads or answers, as a frozen process's kernel does.
+func silentAddr(t *testing.T) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var conns []net.Conn
 	var mu sync.Mutex
+	var conns []net.Conn
 	go func() {
 		for {
 			c, err := ln.Accept()
@@ -224,7 +265,7 @@ func TestHomeRoutingHomeThatDoesNotAnswer(t *testing.T) {
 				return
 			}
 			mu.Lock()
-			conns = append(conns, c) // read nothing, answer nothing
+			conns = append(conns, c)
 			mu.Unlock()
 		}
 	}()
@@ -236,23 +277,5 @@ func TestHomeRoutingHomeThatDoesNotAnswer(t *testing.T) {
 			_ = c.Close()
 		}
 	})
-	fakeHome(t, a.db, userID(t, a, a.alice), ln.Addr().String(), a)
-
-	wid := a.registerJob(a.alice, "frozen", "modifiers", "Job")["worker_id"].(string)
-	id := a.submit(a.bob, "frozen", "frozen:modifiers:Job", nil)
-	start := time.Now()
-	r := a.do(a.alice, "POST", api+"/tasks/claim", map[string]any{"worker_id": wid})
-	r.problem(503, "node-unavailable")
-	if r.Header.Get("Retry-After") != "1" {
-		t.Errorf("Retry-After %q, want 1", r.Header.Get("Retry-After"))
-	}
-	if waited := time.Since(start); waited < 600*time.Millisecond {
-		t.Errorf("answered after %v, before twice the write budget", waited)
-	}
-	if got := a.do(a.alice, "GET", api+"/tasks/"+id, nil).want(200).M()["status"]; got != "pending" {
-		t.Errorf("task is %v after the unanswered claim, want pending: it ran here too", got)
-	}
-	if task := a.claim(a.alice, wid); task == nil || task["id"] != id {
-		t.Errorf("next claim: %v, want task %s served here", task, id)
-	}
+	return ln.Addr().String()
 }
