@@ -90,6 +90,9 @@ type homeRouter struct {
 	nodes func(context.Context) ([]models.NodeLease, error)
 	auth  func(context.Context, string) (joblib.Principal, error)
 	fail  func(http.ResponseWriter, *http.Request, error)
+	// await is Service.AwaitNodeLease: it returns ErrNodeLeaseLost once
+	// this node finds that its lease lapsed during a stall.
+	await func(context.Context) error
 	max   int64 // request bodies up to this size are forwarded
 	log   *slog.Logger
 	now   func() time.Time
@@ -135,7 +138,7 @@ func (e *homeDialError) Error() string { return "dial home node: " + e.err.Error
 func (e *homeDialError) Unwrap() error { return e.err }
 
 func newHomeRouter(svc *joblib.Service, cfg Config, log *slog.Logger, fail func(http.ResponseWriter, *http.Request, error), auth func(context.Context, string) (joblib.Principal, error)) *homeRouter {
-	h := &homeRouter{self: svc.Node().Run, nodes: svc.Nodes, auth: auth, fail: fail, max: cfg.MaxBodyBytes,
+	h := &homeRouter{self: svc.Node().Run, nodes: svc.Nodes, auth: auth, fail: fail, await: svc.AwaitNodeLease, max: cfg.MaxBodyBytes,
 		log: log, now: time.Now, down: map[string]time.Time{}, flights: map[string]*homeFlights{}}
 	dialer := &net.Dialer{Timeout: homeDialTimeout, KeepAlive: 30 * time.Second}
 	transport := &http.Transport{
@@ -200,7 +203,14 @@ func (s *Server) HomeFallbacks() int64 {
 func (h *homeRouter) route(next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get(forwardedHeader) != "" {
-			next(w, r) // a node already routed it
+			// A node already routed it. If this node stalled so long meanwhile
+			// that its lease lapsed, the forwarding node has answered 503
+			// (watch): a call read only now must not run after that answer.
+			if errors.Is(h.await(r.Context()), joblib.ErrNodeLeaseLost) {
+				h.fail(w, r, errHomeNodeUnavailable)
+				return
+			}
+			next(w, r)
 			return
 		}
 		// Only a caller known here is routed; anything else is answered
