@@ -98,8 +98,8 @@ type homeRouter struct {
 	now   func() time.Time
 	proxy *httputil.ReverseProxy
 
-	forwarded atomic.Int64 // calls forwarded to their home node
-	fallbacks atomic.Int64 // calls served here because the home node could not be reached
+	forwarded atomic.Int64 // calls routed to their home node (fallbacks included)
+	fallbacks atomic.Int64 // of those, served here because the home node could not be reached
 
 	mu         sync.Mutex
 	live       []homeNode
@@ -182,8 +182,8 @@ func (s *Server) routeHome(next http.HandlerFunc) http.HandlerFunc {
 }
 
 // HomeForwarded is the number of claims and status reports this node
-// forwarded to their user's home node; HomeFallbacks those it served itself
-// because the home node could not be reached.
+// routed to their user's home node; HomeFallbacks those of them it served
+// itself because the home node could not be reached.
 func (s *Server) HomeForwarded() int64 {
 	if s.home == nil {
 		return 0
@@ -322,7 +322,6 @@ func (h *homeRouter) forwardFailed(w http.ResponseWriter, r *http.Request, err e
 	maps.Copy(w.Header(), c.header)
 	if _, dial := errors.AsType[*homeDialError](err); dial {
 		// Nothing reached the home node: serve the call here.
-		h.forwarded.Add(-1)
 		h.fallbacks.Add(1)
 		h.log.Warn("home node unreachable: serving its users' calls here", "run", c.run, "addr", c.target.Host, "for", homeDownFor, "err", err)
 		r.Body = io.NopCloser(bytes.NewReader(c.body))

@@ -249,10 +249,10 @@ func (c socketCollector) Collect(ch chan<- prometheus.Metric) {
 func HomeCollectors(s *Server) []prometheus.Collector {
 	return []prometheus.Collector{
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "joblib_home_forwarded_total", Help: "Claims and status reports forwarded to the user's home node (JOBLIB_HOME_ROUTING).",
+			Name: "joblib_home_forwarded_total", Help: "Claims and status reports routed to the user's home node (JOBLIB_HOME_ROUTING), fallbacks included.",
 		}, func() float64 { return float64(s.HomeForwarded()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "joblib_home_fallbacks_total", Help: "Claims and status reports served here because the user's home node could not be reached.",
+			Name: "joblib_home_fallbacks_total", Help: "Claims and status reports routed to the user's home node but served here because it could not be reached.",
 		}, func() float64 { return float64(s.HomeFallbacks()) }),
 	}
 }
