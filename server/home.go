@@ -105,16 +105,12 @@ type homeRouter struct {
 	live       []homeNode
 	readAt     time.Time // when live was read; zero: never
 	refreshing bool
-	down       map[string]time.Time    // runs passed over, until when
-	flights    map[string]*homeFlights // calls in flight per home run
-	watching   bool                    // watch runs
+	down       map[string]time.Time                // runs passed over, until when
+	flights    map[string]map[*homeFlight]struct{} // calls in flight per home run
+	watching   bool                                // watch runs
 }
 
-// homeFlights are the calls in flight to one home node.
-type homeFlights struct {
-	calls map[*homeFlight]struct{}
-}
-
+// homeFlight is one call in flight to a home node.
 type homeFlight struct {
 	cancel context.CancelCauseFunc
 }
@@ -139,7 +135,7 @@ func (e *homeDialError) Unwrap() error { return e.err }
 
 func newHomeRouter(svc *joblib.Service, cfg Config, log *slog.Logger, fail func(http.ResponseWriter, *http.Request, error), auth func(context.Context, string) (joblib.Principal, error)) *homeRouter {
 	h := &homeRouter{self: svc.Node().Run, nodes: svc.Nodes, auth: auth, fail: fail, await: svc.AwaitNodeLease, max: cfg.MaxBodyBytes,
-		log: log, now: time.Now, down: map[string]time.Time{}, flights: map[string]*homeFlights{}}
+		log: log, now: time.Now, down: map[string]time.Time{}, flights: map[string]map[*homeFlight]struct{}{}}
 	dialer := &net.Dialer{Timeout: homeDialTimeout, KeepAlive: 30 * time.Second}
 	transport := &http.Transport{
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -251,13 +247,13 @@ func (h *homeRouter) route(next http.HandlerFunc) http.HandlerFunc {
 func (h *homeRouter) inFlight(parent context.Context, run string) (context.Context, func()) {
 	ctx, cancel := context.WithCancelCause(parent)
 	h.mu.Lock()
-	f := h.flights[run]
-	if f == nil {
-		f = &homeFlights{calls: map[*homeFlight]struct{}{}}
-		h.flights[run] = f
+	calls := h.flights[run]
+	if calls == nil {
+		calls = map[*homeFlight]struct{}{}
+		h.flights[run] = calls
 	}
 	call := &homeFlight{cancel: cancel}
-	f.calls[call] = struct{}{}
+	calls[call] = struct{}{}
 	if !h.watching {
 		h.watching = true
 		go h.watch()
@@ -265,8 +261,8 @@ func (h *homeRouter) inFlight(parent context.Context, run string) (context.Conte
 	h.mu.Unlock()
 	return ctx, func() {
 		h.mu.Lock()
-		delete(f.calls, call)
-		if len(f.calls) == 0 && h.flights[run] == f {
+		delete(calls, call)
+		if len(calls) == 0 {
 			delete(h.flights, run)
 		}
 		h.mu.Unlock()
@@ -287,25 +283,21 @@ func (h *homeRouter) watch() {
 			return
 		}
 		h.mu.Unlock()
+		// The same read keeps the homes fresh for the calls that arrive.
 		ctx, cancel := context.WithTimeout(context.Background(), homeWatchEvery)
-		leases, err := h.nodes(ctx)
+		live, err := h.readNodes(ctx)
 		cancel()
 		if err != nil {
 			continue // the calls' own timeout still bounds them
 		}
-		live := map[string]bool{}
-		for _, l := range leases {
-			live[l.Run] = l.Live
-		}
 		h.mu.Lock()
-		for run, f := range h.flights {
+		for run, calls := range h.flights {
 			if live[run] {
 				continue
 			}
-			for call := range f.calls {
-				call.cancel(errHomeNodeUnavailable)
+			for call := range calls {
+				call.cancel(errHomeNodeUnavailable) // each leaves calls when it ends
 			}
-			delete(h.flights, run)
 			h.down[run] = h.now().Add(homeDownFor)
 		}
 		h.mu.Unlock()
@@ -371,9 +363,8 @@ func (h *homeRouter) home(ctx context.Context, user uuid.UUID) (homeNode, bool) 
 // live lease with an address. One caller at a time reads them again once
 // homeNodesTTL has passed; the others use the last list meanwhile.
 func (h *homeRouter) liveNodes(ctx context.Context) []homeNode {
-	now := h.now()
 	h.mu.Lock()
-	live, stale := h.live, h.readAt.IsZero() || now.Sub(h.readAt) >= homeNodesTTL
+	live, stale := h.live, h.readAt.IsZero() || h.now().Sub(h.readAt) >= homeNodesTTL
 	if !stale || h.refreshing {
 		h.mu.Unlock()
 		return live
@@ -383,34 +374,49 @@ func (h *homeRouter) liveNodes(ctx context.Context) []homeNode {
 
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	leases, err := h.nodes(ctx)
+	_, err := h.readNodes(ctx)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.refreshing = false
 	if err != nil {
 		// Keep the last list; the next call after the TTL tries again.
-		h.readAt = now
 		h.log.Warn("read live nodes for home routing", "err", err)
-		return h.live
 	}
-	var fresh []homeNode
+	return h.live
+}
+
+// readNodes reads the node leases: it keeps the nodes that can be homes
+// (h.live) and returns whether each run's lease is live. On an error the
+// last list stays, read again after homeNodesTTL.
+func (h *homeRouter) readNodes(ctx context.Context) (map[string]bool, error) {
+	leases, err := h.nodes(ctx)
+	now := h.now()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.readAt = now
+	if err != nil {
+		return nil, err
+	}
+	live := make(map[string]bool, len(leases))
+	var homes []homeNode
 	self := false
 	for _, l := range leases {
+		live[l.Run] = l.Live
 		switch {
 		case l.Run == h.self:
 			self = true
-			fresh = append(fresh, homeNode{run: l.Run, addr: l.Addr})
+			homes = append(homes, homeNode{run: l.Run, addr: l.Addr})
 		case l.Live && l.Addr != "":
-			fresh = append(fresh, homeNode{run: l.Run, addr: l.Addr})
+			homes = append(homes, homeNode{run: l.Run, addr: l.Addr})
 		}
 	}
 	if !self {
 		// This node without its lease (not started, or lost): its users'
 		// homes are unknown to it, so it serves every call itself.
-		fresh = nil
+		homes = nil
 	}
-	h.live, h.readAt = fresh, now
-	return fresh
+	h.live = homes
+	return live, nil
 }
 
 // homeScore is the rendezvous score of a node run for a user: the same on

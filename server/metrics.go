@@ -243,9 +243,9 @@ func (c socketCollector) Collect(ch chan<- prometheus.Metric) {
 	c.disconnects.Collect(ch)
 }
 
-// HomeCollectors count the claims and status reports this node forwarded
-// to their user's home node, and those it served itself because the home
-// node could not be reached.
+// HomeCollectors count the claims and status reports this node routed to
+// their user's home node, and those of them it served itself because the
+// home node could not be reached.
 func HomeCollectors(s *Server) []prometheus.Collector {
 	return []prometheus.Collector{
 		prometheus.NewCounterFunc(prometheus.CounterOpts{

@@ -373,14 +373,12 @@ type joblibBench struct {
 
 // benchNode is one joblib node: its pool, service, event bus and HTTP server.
 type benchNode struct {
-	db  *models.DB // nil for node 0, whose database run closes
-	svc *joblib.Service
-	srv *httptest.Server
-	rt  *server.Realtime
-	c   *client
-	// lease is the node's lease; api counts the calls it forwarded.
-	lease *joblib.Lease
-	api   *server.Server
+	db    *models.DB // nil for node 0, whose database run closes
+	svc   *joblib.Service
+	srv   *httptest.Server
+	rt    *server.Realtime
+	c     *client
+	lease *joblib.Lease // as serve holds one: where other nodes reach this one
 }
 
 func newJoblibBench(ctx context.Context, db *models.DB, url string, statements *atomic.Int64, o options) (*joblibBench, error) {
@@ -480,7 +478,7 @@ func newBenchNode(ctx context.Context, db *models.DB, i int, token *string, o op
 		return nil, err
 	}
 	c := &client{base: srv.URL + "/v1/joblib", token: *token, http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: o.workers * 2}}}
-	return &benchNode{svc: svc, srv: srv, rt: rt, c: c, lease: lease, api: api}, nil
+	return &benchNode{svc: svc, srv: srv, rt: rt, c: c, lease: lease}, nil
 }
 
 // holdTasks makes another worker hold 100 running tasks of its own job, for
