@@ -87,14 +87,25 @@ func TestConnectTimeout(t *testing.T) {
 		t.Fatalf("closed after %v, before ConnectTimeout", d)
 	}
 	pc, _ := pollOpen(t, ts)
+	start = time.Now()
 	for {
 		status, body := pc.get()
 		if status == 400 || strings.HasSuffix(body, "1") {
 			break
 		}
+		// A pong can reach a session the connect timeout has just closed:
+		// that is the close this test waits for.
 		if body == "2" {
-			pc.mustPost("3")
+			if status, _ := pc.post("3"); status == 400 {
+				break
+			}
 		}
+	}
+	if d := time.Since(start); d < 800*time.Millisecond {
+		t.Fatalf("polling session closed after %v, before ConnectTimeout", d)
+	}
+	if status, body := pc.get(); status != 400 {
+		t.Fatalf("GET after the connect timeout = %d %q, want 400", status, body)
 	}
 }
 
