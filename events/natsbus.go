@@ -2,7 +2,6 @@ package events
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -156,8 +155,8 @@ func (b *NATSBus) Publish(ctx context.Context, ems []Emission) error {
 }
 
 func (b *NATSBus) receive(m *nats.Msg) {
-	var batch wireBatch
-	if err := json.Unmarshal(m.Data, &batch); err != nil {
+	batch, err := decodeWire(m.Data)
+	if err != nil {
 		b.log.Warn("undecodable event batch", "err", err)
 		return
 	}

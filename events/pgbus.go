@@ -306,8 +306,8 @@ func (b *PGBus) listenOnce(ctx context.Context, subscribed func()) error {
 }
 
 func (b *PGBus) receive(ctx context.Context, payload string) {
-	var batch wireBatch
-	if err := json.Unmarshal([]byte(payload), &batch); err != nil {
+	batch, err := decodeWire([]byte(payload))
+	if err != nil {
 		b.log.Warn("undecodable event batch", "err", err)
 		return
 	}
@@ -315,16 +315,16 @@ func (b *PGBus) receive(ctx context.Context, payload string) {
 		return
 	}
 	b.heard.Store(max(1, int64(time.Since(b.born))))
-	if batch.Ref != 0 {
+	if ref := batch.Ref; ref != 0 {
 		var raw string
 		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err := b.pool.QueryRow(qctx, "SELECT payload FROM joblib_event_spill WHERE id = $1", batch.Ref).Scan(&raw)
+		err := b.pool.QueryRow(qctx, "SELECT payload FROM joblib_event_spill WHERE id = $1", ref).Scan(&raw)
 		cancel()
 		if err == nil {
-			err = json.Unmarshal([]byte(raw), &batch)
+			batch, err = decodeWire([]byte(raw))
 		}
 		if err != nil {
-			b.log.Warn("read spilled event batch", "ref", batch.Ref, "err", err)
+			b.log.Warn("read spilled event batch", "ref", ref, "err", err)
 			return
 		}
 	}
