@@ -2,6 +2,7 @@ package events
 
 import (
 	"encoding/json"
+	"slices"
 	"strconv"
 )
 
@@ -28,62 +29,58 @@ func decodeWire(b []byte) (wireBatch, error) {
 // decodeWireBatch decodes b, reporting false when it cannot.
 func decodeWireBatch(b []byte) (batch wireBatch, ok bool) {
 	d := lexer{b: b}
+	ok = d.object([]string{"n", "d", "ref", "s", "i", "at", "e"}, func(k int) (ok bool) {
+		switch k {
+		case 0:
+			batch.Node, ok = d.str()
+		case 1:
+			batch.Scope, ok = d.str()
+		case 2:
+			batch.Ref, ok = d.int64()
+		case 3:
+			batch.Seq, ok = d.uint64()
+		case 4:
+			batch.ID, ok = d.uint64()
+		case 5:
+			batch.At, ok = d.int64()
+		case 6:
+			batch.Items, ok = d.items()
+		}
+		return ok
+	})
+	return batch, ok && d.end()
+}
+
+// object reads a JSON object whose keys are among keys (at most 8), each
+// at most once, calling value with the key's index to read its value.
+// Unknown (or differently cased) and repeated keys fail it: encoding/json
+// knows what to make of them.
+func (d *lexer) object(keys []string, value func(k int) bool) bool {
 	if !d.consume('{') {
-		return batch, false
+		return false
 	}
 	if d.consume('}') {
-		return batch, d.end()
+		return true
 	}
 	var seen uint8
 	for {
 		key, ok := d.plain()
 		if !ok || !d.consume(':') {
-			return batch, false
+			return false
 		}
-		k := wireKey(key, "n", "d", "ref", "s", "i", "at", "e")
+		k := slices.Index(keys, string(key))
 		if k < 0 || seen&(1<<k) != 0 {
-			// Unknown (or differently cased) or repeated keys: encoding/json
-			// knows what to make of them.
-			return batch, false
+			return false
 		}
 		seen |= 1 << k
-		switch string(key) {
-		case "n":
-			batch.Node, ok = d.str()
-		case "d":
-			batch.Scope, ok = d.str()
-		case "ref":
-			batch.Ref, ok = d.int64()
-		case "s":
-			batch.Seq, ok = d.uint64()
-		case "i":
-			batch.ID, ok = d.uint64()
-		case "at":
-			batch.At, ok = d.int64()
-		case "e":
-			batch.Items, ok = d.items()
-		}
-		if !ok {
-			return batch, false
+		if !value(k) {
+			return false
 		}
 		if d.consume(',') {
 			continue
 		}
-		if !d.consume('}') {
-			return batch, false
-		}
-		return batch, d.end()
+		return d.consume('}')
 	}
-}
-
-// wireKey is the index of key among keys, or -1.
-func wireKey(key []byte, keys ...string) int {
-	for i, k := range keys {
-		if string(key) == k {
-			return i
-		}
-	}
-	return -1
 }
 
 // end reports whether only whitespace is left.
@@ -116,43 +113,22 @@ func (d *lexer) items() ([]wireItem, bool) {
 
 // item reads one emission: its room, event name and raw payload.
 func (d *lexer) item() (it wireItem, ok bool) {
-	if !d.consume('{') {
-		return it, false
-	}
-	if d.consume('}') {
-		return it, true
-	}
-	var had uint8
-	for {
-		key, ok := d.plain()
-		if !ok || !d.consume(':') {
-			return it, false
-		}
-		k := wireKey(key, "r", "t", "p")
-		if k < 0 || had&(1<<k) != 0 {
-			return it, false
-		}
-		had |= 1 << k
-		switch string(key) {
-		case "r":
+	ok = d.object([]string{"r", "t", "p"}, func(k int) (ok bool) {
+		switch k {
+		case 0:
 			it.Room, ok = d.str()
-		case "t":
+		case 1:
 			it.Name, ok = d.str()
-		case "p":
+		case 2:
 			d.space()
 			start := d.i
 			if ok = d.value(0); ok {
 				it.Payload = json.RawMessage(d.b[start:d.i:d.i])
 			}
 		}
-		if !ok {
-			return it, false
-		}
-		if d.consume(',') {
-			continue
-		}
-		return it, d.consume('}')
-	}
+		return ok
+	})
+	return it, ok
 }
 
 // maxWireDepth bounds the nesting of a payload the fast path reads (deeper
