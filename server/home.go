@@ -209,6 +209,13 @@ func (h *homeRouter) route(next http.HandlerFunc) http.HandlerFunc {
 			next(w, r)
 			return
 		}
+		// A node alone (or without its lease) has nowhere to route to: it
+		// serves the call without authenticating it twice.
+		live := h.liveNodes(r.Context())
+		if len(live) < 2 {
+			next(w, r)
+			return
+		}
 		// Only a caller known here is routed; anything else is answered
 		// here, by next, as it would be anywhere.
 		p, refused := h.auth(r.Context(), tokenFrom(r))
@@ -216,7 +223,7 @@ func (h *homeRouter) route(next http.HandlerFunc) http.HandlerFunc {
 			next(w, r)
 			return
 		}
-		n, ok := h.home(r.Context(), p.ID)
+		n, ok := h.home(live, p.ID)
 		if !ok {
 			next(w, r)
 			return
@@ -298,7 +305,7 @@ func (h *homeRouter) watch() {
 			for call := range calls {
 				call.cancel(errHomeNodeUnavailable) // each leaves calls when it ends
 			}
-			h.down[run] = h.now().Add(homeDownFor)
+			h.passOverLocked(run)
 		}
 		h.mu.Unlock()
 	}
@@ -328,16 +335,18 @@ func (h *homeRouter) forwardFailed(w http.ResponseWriter, r *http.Request, err e
 func (h *homeRouter) passOver(run string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.passOverLocked(run)
+}
+
+// passOverLocked is passOver with h.mu held.
+func (h *homeRouter) passOverLocked(run string) {
 	h.down[run] = h.now().Add(homeDownFor)
 }
 
-// home returns user's home node when it is another node that can be
-// forwarded to; ok is false when the call is to be served here.
-func (h *homeRouter) home(ctx context.Context, user uuid.UUID) (homeNode, bool) {
-	live := h.liveNodes(ctx)
-	if len(live) < 2 {
-		return homeNode{}, false
-	}
+// home returns user's home node among live (liveNodes) when it is another
+// node that can be forwarded to; ok is false when the call is to be served
+// here.
+func (h *homeRouter) home(live []homeNode, user uuid.UUID) (homeNode, bool) {
 	now := h.now()
 	h.mu.Lock()
 	best, bestScore, found := homeNode{}, uint64(0), false
