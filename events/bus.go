@@ -4,7 +4,9 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 )
@@ -60,15 +62,37 @@ type TxBus interface {
 	Deliver(ems []Emission)
 }
 
-// NotifyFrame is the constant text around a one-event NOTIFY payload: the
-// payload is Prefix + room as a JSON string + Middle + the event's JSON
-// object + Suffix, sent with pg_notify(Channel, ...).
+// NotifyFrame is the constant text around the events of a NOTIFY payload
+// that a statement builds from the rows it changes: the payload is Head, the
+// events' items separated by commas, then Tail; an item is Open + room as a
+// JSON string + Middle + the event's JSON object + Close, sent with
+// pg_notify(Channel, ...). One statement writes all its events as one
+// payload when they fit (see models.HotNotify).
 type NotifyFrame struct {
-	Channel, Prefix, Middle, Suffix string
-	// ID is the batch id the prefix carries: the rows a statement writes
+	Channel, Head, Open, Middle, Close, Tail string
+	// ID is the batch id the head carries: the rows a statement writes
 	// with this frame come back to this node's listener under it (see
 	// PGBus.OnEcho).
 	ID uint64
+}
+
+// Item is the item of one event in a frame's payload: room and event are
+// JSON (a string and an object).
+func (f NotifyFrame) Item(room, event string) string {
+	return f.Open + room + f.Middle + event + f.Close
+}
+
+// Payload is the frame's payload carrying items (see Item).
+func (f NotifyFrame) Payload(items ...string) string {
+	return f.Head + strings.Join(items, ",") + f.Tail
+}
+
+// EventMiddle is the Middle of a frame item for an event of that name: a
+// statement whose payload carries events of several names takes each one's
+// from here.
+func EventMiddle(eventName string) string {
+	name, _ := json.Marshal(eventName)
+	return `,"t":` + string(name) + `,"p":`
 }
 
 // LocalBus is the in-process Bus for a single node. The zero value is ready.

@@ -82,11 +82,16 @@ func randomWire(rng *rand.Rand) []byte {
 	rooms := []string{"room:a", "room:@global", "jobs:room:cat:name", "room:漢字", "room:a b", "task:1"}
 	switch rng.IntN(3) {
 	case 0:
-		// A hot statement's frame around json_build_object's payload.
+		// A hot statement's frame around the items of one or more
+		// json_build_object payloads.
 		names := []string{"n1", "node-2", "é"}
 		f := testFrame(names[rng.IntN(len(names))], "public", uint64(rng.Int64N(1e12)), "task_status_event")
-		room, _ := json.Marshal(rooms[rng.IntN(len(rooms))])
-		return []byte(f.Prefix + string(room) + f.Middle + string(postgresForm(rng)) + f.Suffix)
+		items := make([]string, 1+rng.IntN(4))
+		for i := range items {
+			room, _ := json.Marshal(rooms[rng.IntN(len(rooms))])
+			items[i] = f.Item(string(room), string(postgresForm(rng)))
+		}
+		return []byte(f.Payload(items...))
 	case 1:
 		ems := make([]Emission, rng.IntN(4))
 		for i := range ems {
@@ -122,7 +127,7 @@ func testFrame(node, scope string, id uint64, event string) NotifyFrame {
 func BenchmarkDecodeWire(b *testing.B) {
 	rng := rand.New(rand.NewPCG(15, 16))
 	f := testFrame("node-1", "public", 42, "task_status_event")
-	msg := []byte(f.Prefix + `"room:bench"` + f.Middle + string(postgresForm(rng)) + f.Suffix)
+	msg := []byte(f.Payload(f.Item(`"room:bench"`, string(postgresForm(rng)))))
 	b.Run("fast", func(b *testing.B) {
 		for b.Loop() {
 			if _, err := decodeWire(msg); err != nil {

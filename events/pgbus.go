@@ -205,22 +205,24 @@ func (b *PGBus) Notification(ctx context.Context, ems []Emission) (string, error
 	return string(msg), nil
 }
 
-// Frame implements TxBus: a one-event batch is exactly
-// prefix + JSON(room) + middle + payload + suffix, so a statement can build
-// the NOTIFY payload from the row it changes. Statements whose payload may
+// Frame implements TxBus: a statement batch of n events is exactly
+// head + n items separated by commas + tail, each item
+// open + JSON(room) + middle + payload + close, so a statement can build the
+// NOTIFY payload from the rows it changes. Statements whose payload may
 // reach maxNotify must use Notification instead. Each call names a new
-// statement batch (the prefix carries its id): call it once per statement.
+// statement batch (the head carries its id): call it once per statement.
 func (b *PGBus) Frame(eventName string) NotifyFrame {
 	node, _ := json.Marshal(b.node)
 	scope, _ := json.Marshal(b.scope)
-	name, _ := json.Marshal(eventName)
 	id := b.ids.Add(1)
 	return NotifyFrame{
 		ID:      id,
 		Channel: b.Channel(),
-		Prefix:  `{"n":` + string(node) + `,"d":` + string(scope) + `,"i":` + strconv.FormatUint(id, 10) + `,"e":[{"r":`,
-		Middle:  `,"t":` + string(name) + `,"p":`,
-		Suffix:  `}]}`,
+		Head:    `{"n":` + string(node) + `,"d":` + string(scope) + `,"i":` + strconv.FormatUint(id, 10) + `,"e":[`,
+		Open:    `{"r":`,
+		Middle:  EventMiddle(eventName),
+		Close:   `}`,
+		Tail:    `]}`,
 	}
 }
 

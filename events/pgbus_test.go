@@ -410,7 +410,7 @@ func TestPGBusEchoesItsOwnFrames(t *testing.T) {
 	}
 	framed := func(bus *events.PGBus, room string) uint64 {
 		f := bus.Frame(events.JobsInvalidate{}.EventName())
-		notify(f.Prefix + `"` + room + `"` + f.Middle + "{}" + f.Suffix)
+		notify(f.Payload(f.Item(`"`+room+`"`, "{}")))
 		return f.ID
 	}
 	fb := framed(b, "from-b") // B's first frame: the same id as A's first

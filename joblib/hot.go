@@ -17,7 +17,7 @@ func (s *Service) hotNotify() models.HotNotify {
 	}
 	f := tb.Frame(events.TaskStatusEvent{}.EventName())
 	return models.HotNotify{
-		Channel: f.Channel, Prefix: f.Prefix, Middle: f.Middle, Suffix: f.Suffix,
+		Channel: f.Channel, Head: f.Head, Open: f.Open, Middle: f.Middle, Close: f.Close, Tail: f.Tail,
 		RoomPrefix: events.Room(""), MaxBytes: events.MaxNotifyBytes, ID: f.ID,
 	}
 }

@@ -403,7 +403,7 @@ func TestRelaySkipsWhatAnotherNodeSent(t *testing.T) {
 		t.Helper()
 		f := busA.Frame(events.JobsInvalidate{}.EventName())
 		r, _ := json.Marshal(room)
-		msg := f.Prefix + string(r) + f.Middle + "{}" + f.Suffix
+		msg := f.Payload(f.Item(string(r), "{}"))
 		if err := dbA.Tx(ctx, func(q *models.Q) error { return q.WriteOutbox(msg) }); err != nil {
 			t.Fatal(err)
 		}

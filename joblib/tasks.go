@@ -241,13 +241,7 @@ func (s *Service) submitHot(ctx context.Context, p Principal, room, fullName, bo
 		return Task{}, false, nil
 	}
 	n := s.hotNotify()
-	var a models.AvailableFrame
-	var availableFrame uint64
-	if tb := s.txBus(); tb != nil {
-		f := tb.Frame(events.TaskAvailable{}.EventName())
-		a = models.AvailableFrame{Prefix: f.Prefix, Middle: f.Middle, Suffix: f.Suffix, JobRoomPrefix: events.JobRoom("")}
-		availableFrame = f.ID
-	}
+	a := models.AvailableFrame{Middle: events.EventMiddle(events.TaskAvailable{}.EventName()), JobRoomPrefix: events.JobRoom("")}
 	ht, ok, err := s.db.SubmitTaskHot(ctx, uuid.New(), jroom, cat, name, room, p.ID, body, timeout, quota, n, a)
 	if err != nil || !ok {
 		return Task{}, false, err
@@ -260,7 +254,7 @@ func (s *Service) submitHot(ctx context.Context, p Principal, room, fullName, bo
 	if tb := s.txBus(); tb != nil {
 		tb.Deliver(ems)
 		if ht.Notified {
-			s.relay.pokeFrames(ht.Frame, availableFrame) // the statement writes both rows or neither
+			s.relay.pokeFrames(ht.Frame) // the statement writes both events or neither
 		} else {
 			s.notifyLate(ctx, tb, ems)
 		}

@@ -33,7 +33,7 @@ func TestGroupClaimHandsEachWorkerItsOwnTasks(t *testing.T) {
 	f.must(f.q.LinkWorkerJob(other.ID, a.ID))
 	ghost := uuid.New()
 	reqs := []models.ClaimRequest{{Worker: w1, Limit: 2}, {Worker: w2, Limit: 1}, {Worker: mixed, Limit: 1}, {Worker: other.ID, Limit: 1}, {Worker: w3, Limit: 3}, {Worker: ghost, Limit: 1}}
-	n := models.HotNotify{Channel: "joblib", Prefix: "[", Middle: ",", Suffix: "]", MaxBytes: 7900, ID: 7}
+	n := wireFrame(7900)
 	as, err := db.ClaimGroupHot(context.Background(), f.user, reqs, false, n)
 	f.must(err)
 	if len(as) != len(reqs) {
@@ -51,7 +51,7 @@ func TestGroupClaimHandsEachWorkerItsOwnTasks(t *testing.T) {
 			continue
 		}
 		for k, ht := range got.Tasks {
-			if ht.ID != exp[k] || ht.Status != models.StatusClaimed || ht.WorkerID == nil || *ht.WorkerID != r.Worker || !ht.Notified || ht.Frame != 7 {
+			if ht.ID != exp[k] || ht.Status != models.StatusClaimed || ht.WorkerID == nil || *ht.WorkerID != r.Worker || !ht.Notified || ht.Frame != 9 {
 				t.Errorf("request %d task %d: %v status %s worker %v notified %v frame %d, want %v claimed by %v", i, k, ht.ID, ht.Status, ht.WorkerID, ht.Notified, ht.Frame, exp[k], r.Worker)
 			}
 			if st := f.get(ht.ID); st.Status != models.StatusClaimed || *st.WorkerID != r.Worker {
@@ -64,10 +64,15 @@ func TestGroupClaimHandsEachWorkerItsOwnTasks(t *testing.T) {
 	if counts[models.StatusPending] != 4 || counts[models.StatusClaimed] != 6 {
 		t.Errorf("counts %v, want 4 pending and 6 claimed", counts)
 	}
-	var events int
-	f.must(db.Pool.QueryRow(context.Background(), "SELECT count(*) FROM joblib_event_outbox").Scan(&events))
-	if events != 6 {
-		t.Errorf("%d events in the outbox, want 6", events)
+	// One statement, one outbox row: the six events in seq order.
+	rows, _ := takeOutbox(t, db)
+	if len(rows) != 1 || len(rows[0]) != 6 {
+		t.Fatalf("outbox rows %v, want one of 6 events", rows)
+	}
+	for k, it := range rows[0] {
+		if it.P.ID != ids[k] {
+			t.Errorf("event %d is task %v's, want %v's", k, it.P.ID, ids[k])
+		}
 	}
 }
 

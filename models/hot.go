@@ -24,12 +24,16 @@ import (
 // ErrNoHotPath is returned by the hot statements on SQLite, which has none.
 var ErrNoHotPath = errors.New("no hot path on this database")
 
-// HotNotify tells a hot statement how to send other nodes a task's status
-// event: the payload is Prefix + JSON(RoomPrefix + room) + Middle + the
-// event object + Suffix, written to the event outbox (see RelayOutbox) when
-// Channel is set. The zero value sends nothing.
+// HotNotify tells a hot statement how to send other nodes the status events
+// of the tasks it changes, written to the event outbox (see RelayOutbox)
+// when Channel is set, in the frame of events.NotifyFrame: each event is the
+// item Open + JSON(RoomPrefix + room) + Middle + the event object + Close.
+// A statement writes one row, Head + its items in seq order separated by
+// commas + Tail, when that fits in MaxBytes, and otherwise one row per item
+// (Head + item + Tail): an outbox row costs PostgreSQL an insert, an index
+// entry and a delete, whatever it carries. The zero value sends nothing.
 type HotNotify struct {
-	Channel, Prefix, Middle, Suffix string
+	Channel, Head, Open, Middle, Close, Tail string
 	// RoomPrefix turns a task's room id into the event's room name.
 	RoomPrefix string
 	// MaxBytes bounds the payload (a NOTIFY's limit); a larger one is not
@@ -55,23 +59,35 @@ const hotStatusEvent = `json_build_object('id', u.id, 'name', j.room_id || ':' |
  'status', u.status, 'created_at', u.created_at, 'started_at', u.started_at, 'completed_at', u.completed_at,
  'queue_position', %[1]s, 'worker_id', u.worker_id, 'error', u.error)::text`
 
-// hotPayload is the NOTIFY payload of the status event of the changed task
-// u (with its job j), from the HotNotify arguments (see HotNotify.set).
-func hotPayload(qp string) string {
-	return `@prefix || to_json(@room_prefix || u.room_id)::text || @middle || ` + fmt.Sprintf(hotStatusEvent, qp) + ` || @suffix`
+// hotItem is the frame item of the status event of the changed task u
+// (with its job j), from the HotNotify arguments (see HotNotify.set).
+func hotItem(qp string) string {
+	return `@open || to_json(@room_prefix || u.room_id)::text || @middle || ` + fmt.Sprintf(hotStatusEvent, qp) + ` || @close`
 }
 
-// hotOutbox is the CTEs that write the status event of each changed task u
-// (the CTE u, with job j joined on) to the event outbox; hotNotified is the
-// column saying whether it was written. The payload is built only when a
-// channel is set.
+// hotFrameBytes is the length of a payload's head and tail.
+const hotFrameBytes = `(octet_length(@head) + octet_length(@tail))`
+
+// hotOutbox is the CTEs that write the status events of the changed tasks u
+// (the CTE u, with job j joined on) to the event outbox, as one row when
+// they fit in one payload and one row per event otherwise (see HotNotify);
+// hotNotified is the column saying whether a task's event was written. A
+// payload of k items is the sum of (item + 1) - 1 + the frame bytes long.
+// The items are built only when a channel is set.
 const hotOutbox = `, ev AS (
-	SELECT u.id, u.seq, ` + "%s" + ` AS p FROM u u JOIN jobs j ON j.id = u.job_id WHERE @channel <> ''
+	SELECT u.id, u.seq, ` + "%s" + ` AS it FROM u u JOIN jobs j ON j.id = u.job_id WHERE @channel <> ''
 ), ob AS (
-	INSERT INTO joblib_event_outbox (payload) SELECT p FROM ev WHERE octet_length(p) < @max_bytes ORDER BY seq RETURNING 1
+	INSERT INTO joblib_event_outbox (payload)
+	SELECT @head || string_agg(it, ',' ORDER BY seq) || @tail FROM ev
+	HAVING sum(octet_length(it) + 1) + ` + hotFrameBytes + ` <= @max_bytes
+	UNION ALL
+	(SELECT @head || it || @tail FROM ev
+	WHERE octet_length(it) + ` + hotFrameBytes + ` < @max_bytes AND (SELECT sum(octet_length(it) + 1) FROM ev) + ` + hotFrameBytes + ` > @max_bytes
+	ORDER BY seq)
+	RETURNING 1
 )`
 
-const hotNotified = "COALESCE(octet_length(ev.p) < @max_bytes, false)"
+const hotNotified = "COALESCE(octet_length(ev.it) + " + hotFrameBytes + " < @max_bytes, false)"
 
 // hotCounted is the CTE with which a hot statement keeps the task counts
 // itself, in place of the statement trigger on tasks (see migrations 161 and
@@ -99,7 +115,7 @@ const hotCountedQual = `(SELECT set_config('joblib.counted', 'on', true)) = 'on'
 
 // set adds the HotNotify fields to a hot statement's named arguments.
 func (h HotNotify) set(a pgx.NamedArgs) pgx.NamedArgs {
-	a["channel"], a["prefix"], a["middle"], a["suffix"], a["room_prefix"], a["max_bytes"] = h.Channel, h.Prefix, h.Middle, h.Suffix, h.RoomPrefix, h.MaxBytes
+	a["channel"], a["head"], a["open"], a["middle"], a["close"], a["tail"], a["room_prefix"], a["max_bytes"] = h.Channel, h.Head, h.Open, h.Middle, h.Close, h.Tail, h.RoomPrefix, h.MaxBytes
 	return a
 }
 
@@ -189,7 +205,7 @@ var claimSQL = `WITH w AS (
 	UPDATE tasks t SET worker_id = @worker, ` + claimSetSQL + `
 	WHERE t.id = ANY(ARRAY(SELECT id FROM picked)) AND ` + hotCountedQual + `
 	RETURNING t.*
-)` + fmt.Sprintf(hotOutbox, hotPayload("NULL")) + claimCounted + `
+)` + fmt.Sprintf(hotOutbox, hotItem("NULL")) + claimCounted + `
 SELECT EXISTS (SELECT 1 FROM w), ` + hotTaskCols + `, NULL::bigint AS qp, ` + hotNotified + `
 FROM (SELECT 1) one LEFT JOIN (u LEFT JOIN jobs j ON j.id = u.job_id LEFT JOIN ev ON ev.id = u.id) ON true
 ORDER BY u.priority DESC, u.seq`
@@ -332,7 +348,7 @@ var claimGroupSQL = `WITH r AS (
 	UPDATE tasks t SET worker_id = (SELECT a.worker_id FROM assigned a WHERE a.id = t.id), ` + claimSetSQL + `
 	WHERE t.id = ANY(ARRAY(SELECT id FROM assigned)) AND ` + hotCountedQual + `
 	RETURNING t.*
-)` + fmt.Sprintf(hotOutbox, hotPayload("NULL")) + claimCounted + `
+)` + fmt.Sprintf(hotOutbox, hotItem("NULL")) + claimCounted + `
 SELECT r.worker_id, EXISTS (SELECT 1 FROM g WHERE g.worker_id = r.worker_id), true, ` + hotTaskCols + `, NULL::bigint AS qp, ` + hotNotified + `
 FROM r LEFT JOIN (u LEFT JOIN jobs j ON j.id = u.job_id LEFT JOIN ev ON ev.id = u.id) ON u.worker_id = r.worker_id
 ORDER BY r.ord, u.priority DESC, u.seq`
@@ -398,8 +414,8 @@ func (db *DB) ClaimGroupHot(ctx context.Context, userID uuid.UUID, reqs []ClaimR
 // bound. The queue position counts the pending tasks ahead of it over the
 // index (the new row is not in the statement's snapshot: hence
 // the 1 +). Besides the status event (HotNotify's arguments) it writes
-// task_available for the job's workers to the outbox (both or neither):
-// @av_prefix, @av_middle, @av_suffix and @av_room_prefix are its frame.
+// task_available for the job's workers to the outbox, both in one row when
+// they fit (else neither): @av_middle and @av_room_prefix are its item's.
 // @timeout is the submission's own task_timeout (NULL: the job's).
 // It adds priority 0 tasks that are claimable at once only (a submission
 // with a priority or a delay takes the general path): its position counts
@@ -421,25 +437,28 @@ var submitSQL = `WITH qb AS (
 	SELECT u.*, 1 + (SELECT count(*) FROM tasks p WHERE p.job_id = u.job_id AND p.status = 'pending' AND NOT p.delayed AND p.priority = 0 AND p.seq < u.seq)
 		+ (SELECT count(*) FROM tasks p WHERE p.job_id = u.job_id AND p.status = 'pending' AND NOT p.delayed AND p.priority > 0) AS position FROM u
 ), ev AS (
-	SELECT u.id, ` + hotPayload("u.position") + ` AS p,
-		@av_prefix || to_json(@av_room_prefix || j.room_id || ':' || j.category || ':' || j.name)::text || @av_middle ||
-		json_build_object('job_name', j.room_id || ':' || j.category || ':' || j.name, 'room_id', u.room_id, 'task_id', u.id)::text || @av_suffix AS a
+	SELECT u.id, ` + hotItem("u.position") + ` AS p,
+		@open || to_json(@av_room_prefix || j.room_id || ':' || j.category || ':' || j.name)::text || @av_middle ||
+		json_build_object('job_name', j.room_id || ':' || j.category || ':' || j.name, 'room_id', u.room_id, 'task_id', u.id)::text || @close AS a
 	FROM v u JOIN jobs j ON j.id = u.job_id WHERE @channel <> ''
 ), ob AS (
 	INSERT INTO joblib_event_outbox (payload)
-	SELECT unnest(ARRAY[p, a]) FROM ev WHERE octet_length(p) < @max_bytes AND octet_length(a) < @max_bytes RETURNING 1
+	SELECT @head || p || ',' || a || @tail FROM ev WHERE ` + submitFits + ` RETURNING 1
 ), ub AS (
 	UPDATE users SET pending_bound = CASE WHEN @quota = 0 THEN NULL ELSE (SELECT have FROM qb) + 1 END
 	WHERE id = @created_by AND EXISTS (SELECT 1 FROM u) AND (@quota > 0 OR pending_bound IS NOT NULL)
 	RETURNING 1
 )` + fmt.Sprintf(hotCounted, `SELECT status, 1 AS d FROM u`) + `
-SELECT ` + hotTaskCols + `, u.position, COALESCE(octet_length(ev.p) < @max_bytes AND octet_length(ev.a) < @max_bytes, false)
+SELECT ` + hotTaskCols + `, u.position, COALESCE(` + submitFits + `, false)
 FROM v u JOIN jobs j ON j.id = u.job_id LEFT JOIN ev ON ev.id = u.id`
 
-// AvailableFrame is the frame of the task_available event a submission
-// sends to the job's workers (see HotNotify).
+// submitFits says whether submitSQL's two events fit in one payload.
+const submitFits = `octet_length(ev.p) + octet_length(ev.a) + 1 + ` + hotFrameBytes + ` < @max_bytes`
+
+// AvailableFrame is what the item of the task_available event a submission
+// sends to the job's workers takes besides HotNotify's frame.
 type AvailableFrame struct {
-	Prefix, Middle, Suffix string
+	Middle string
 	// JobRoomPrefix turns a job's full name into its workers' room name.
 	JobRoomPrefix string
 }
@@ -451,7 +470,7 @@ const lockUserSQL = "SELECT id FROM users WHERE id = $1 FOR NO KEY UPDATE"
 func submitArgs(id uuid.UUID, room, category, name, targetRoom string, createdBy uuid.UUID, payload string, timeout *int, quota int, n HotNotify, a AvailableFrame) pgx.NamedArgs {
 	return n.set(pgx.NamedArgs{"room": room, "category": category, "name": name, "id": id, "target_room": targetRoom,
 		"created_by": createdBy, "payload": payload, "quota": quota, "timeout": timeout,
-		"av_prefix": a.Prefix, "av_middle": a.Middle, "av_suffix": a.Suffix, "av_room_prefix": a.JobRoomPrefix})
+		"av_middle": a.Middle, "av_room_prefix": a.JobRoomPrefix})
 }
 
 // SubmitTaskHot adds a pending task to a live job that is not @internal, in
@@ -567,7 +586,7 @@ func updateSQL(b, key string) string {
 		AND (b.status <> 'failed' OR NOT EXISTS (SELECT 1 FROM jobs rj WHERE rj.id = t.job_id AND rj.retry_backoff IS NOT NULL OFFSET 0))
 		AND ` + hotCountedQual + `
 	RETURNING t.*, o.status AS old_status
-)` + fmt.Sprintf(hotOutbox, hotPayload("NULL")) + fmt.Sprintf(hotCounted, `SELECT old_status AS status, -1 AS d FROM u UNION ALL SELECT status, 1 FROM u`) + `
+)` + fmt.Sprintf(hotOutbox, hotItem("NULL")) + fmt.Sprintf(hotCounted, `SELECT old_status AS status, -1 AS d FROM u UNION ALL SELECT status, 1 FROM u`) + `
 SELECT ` + hotTaskCols + `, NULL::bigint AS qp, ` + hotNotified + `
 FROM u LEFT JOIN jobs j ON j.id = u.job_id LEFT JOIN ev ON ev.id = u.id
 ORDER BY u.seq`

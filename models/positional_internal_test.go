@@ -15,7 +15,7 @@ import (
 // from a call is NULL, as in pgx.
 func TestPositionalMatchesPgxRewrite(t *testing.T) {
 	ctx := context.Background()
-	n := HotNotify{Channel: "c", Prefix: "p", Middle: "m", Suffix: "s", RoomPrefix: "room:", MaxBytes: 8000, ID: 7}
+	n := HotNotify{Channel: "c", Head: "h", Open: "o", Middle: "m", Close: "c", Tail: "t", RoomPrefix: "room:", MaxBytes: 8000, ID: 7}
 	result := "r"
 	one := []HotUpdate{{ID: uuid.New(), Status: "running"}}
 	two := append(one, HotUpdate{ID: uuid.New(), Status: "completed", Result: &result})
