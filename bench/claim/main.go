@@ -133,7 +133,11 @@ type result struct {
 	// connection); aux that of PostgreSQL's own processes (WAL writer,
 	// checkpointer, background writer, autovacuum) while the round ran,
 	// which serve whatever else uses the server too.
-	pg, aux    time.Duration
+	pg, aux time.Duration
+	// blocks is the shared buffers the statements of the round touched
+	// (pg_stat_statements: hit or read), -1 without that extension: a
+	// count of the database's work that the machine's noise does not move.
+	blocks     int64
 	claims     []time.Duration
 	statements int64
 	tasks      int
@@ -281,6 +285,9 @@ func run(ctx context.Context, o options) error {
 			fmt.Printf(" %.2f", pgRatio(jrs[i], rrs[i]))
 		}
 		fmt.Printf(") auxiliary processes/task: joblib=%.0fµs raw=%.0fµs\n", jaux, raux)
+		if jb, rb := blocksPerTask(jrs), blocksPerTask(rrs); jb > 0 && rb > 0 {
+			fmt.Printf("postgres buffer accesses/task (pg_stat_statements): joblib=%.1f raw=%.1f ratio=%.2f\n", jb, rb, jb/rb)
+		}
 		fmt.Printf("ratio joblib/raw=%.2f (per round:", jt/rt)
 		for i := range jrs {
 			fmt.Printf(" %.2f", rate(jrs[i])/rate(rrs[i]))
@@ -309,6 +316,20 @@ func pgPerTask(rs []result) (backends, aux float64) {
 		pg, ax, tasks = pg+r.pg, ax+r.aux, tasks+r.tasks
 	}
 	return float64(pg.Microseconds()) / float64(tasks), float64(ax.Microseconds()) / float64(tasks)
+}
+
+// blocksPerTask is the shared buffers touched per task over rounds; 0 when
+// a round could not count them.
+func blocksPerTask(rs []result) float64 {
+	var n int64
+	var tasks int
+	for _, r := range rs {
+		if r.blocks < 0 {
+			return 0
+		}
+		n, tasks = n+r.blocks, tasks+r.tasks
+	}
+	return float64(n) / float64(tasks)
 }
 
 func pgRatio(a, b result) float64 {
@@ -601,7 +622,7 @@ func (b *joblibBench) round(ctx context.Context) (result, error) {
 		return result{}, err
 	}
 	s0 := b.statements.Load()
-	c0, p0, a0 := sampleCPU(), backendCPU(ctx, "j"), auxCPU(ctx)
+	c0, p0, a0, k0 := sampleCPU(), backendCPU(ctx, "j"), auxCPU(ctx), bufferAccesses(ctx)
 	start := time.Now()
 	var progressDone func() (int64, error)
 	stopProgress := make(chan struct{})
@@ -619,7 +640,7 @@ func (b *joblibBench) round(ctx context.Context) (result, error) {
 		fmt.Printf("  progress reports: %d (%.0f/s)\n", n, float64(n)/r.elapsed.Seconds())
 	}
 	r.proc, r.machine = sampleCPU().since(c0)
-	r.pg, r.aux = backendCPU(ctx, "j").since(p0), auxCPU(ctx).since(a0)
+	r.pg, r.aux, r.blocks = backendCPU(ctx, "j").since(p0), auxCPU(ctx).since(a0), blocksSince(ctx, k0)
 	if perr := perfControl(b.o.perfCtl, "disable"); perr != nil && err == nil {
 		err = perr
 	}
@@ -818,7 +839,7 @@ func (b *rawBench) round(ctx context.Context) (result, error) {
 	var failed atomic.Value
 	var wg sync.WaitGroup
 	s0 := b.statements.Load()
-	c0, p0, a0 := sampleCPU(), backendCPU(ctx, "r"), auxCPU(ctx)
+	c0, p0, a0, k0 := sampleCPU(), backendCPU(ctx, "r"), auxCPU(ctx), bufferAccesses(ctx)
 	start := time.Now()
 	for w := range b.o.workers {
 		wg.Go(func() {
@@ -844,7 +865,7 @@ func (b *rawBench) round(ctx context.Context) (result, error) {
 	wg.Wait()
 	r := result{elapsed: time.Since(start), claims: slices.Concat(lat...), statements: b.statements.Load() - s0}
 	r.proc, r.machine = sampleCPU().since(c0)
-	r.pg, r.aux = backendCPU(ctx, "r").since(p0), auxCPU(ctx).since(a0)
+	r.pg, r.aux, r.blocks = backendCPU(ctx, "r").since(p0), auxCPU(ctx).since(a0), blocksSince(ctx, k0)
 	if err, _ := failed.Load().(error); err != nil {
 		return result{}, err
 	}
@@ -930,7 +951,7 @@ func (b *floorBench) round(ctx context.Context) (result, error) {
 		return result{}, fmt.Errorf("fill floor_tasks: %w", err)
 	}
 	s0 := b.statements.Load()
-	c0, p0, a0 := sampleCPU(), backendCPU(ctx, "f"), auxCPU(ctx)
+	c0, p0, a0, k0 := sampleCPU(), backendCPU(ctx, "f"), auxCPU(ctx), bufferAccesses(ctx)
 	start := time.Now()
 	claims, tasks, err := workLoop(b.o.workers, func(w int) ([]string, error) {
 		var out struct {
@@ -949,7 +970,7 @@ func (b *floorBench) round(ctx context.Context) (result, error) {
 	}, patchEach(b.c))
 	r := result{elapsed: time.Since(start), claims: claims, statements: b.statements.Load() - s0, tasks: tasks}
 	r.proc, r.machine = sampleCPU().since(c0)
-	r.pg, r.aux = backendCPU(ctx, "f").since(p0), auxCPU(ctx).since(a0)
+	r.pg, r.aux, r.blocks = backendCPU(ctx, "f").since(p0), auxCPU(ctx).since(a0), blocksSince(ctx, k0)
 	if err != nil {
 		return result{}, err
 	}
@@ -1053,6 +1074,32 @@ func (c cpuSample) since(c0 cpuSample) (proc, machine time.Duration) {
 
 // backends is a connection for reading pg_stat_activity (PostgreSQL only).
 var backends *pgx.Conn
+
+// bufferAccesses is the shared buffers the statements of this database have
+// touched so far (pg_stat_statements, updated as each statement ends; the
+// rounds run one at a time), -1 without the extension.
+func bufferAccesses(ctx context.Context) int64 {
+	if backends == nil {
+		return -1
+	}
+	var n int64
+	err := backends.QueryRow(ctx, `SELECT coalesce(sum(shared_blks_hit + shared_blks_read), 0)::bigint FROM pg_stat_statements
+		WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&n)
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+// blocksSince is the buffers touched since the count k0, -1 when either is
+// unknown.
+func blocksSince(ctx context.Context, k0 int64) int64 {
+	k := bufferAccesses(ctx)
+	if k < 0 || k0 < 0 {
+		return -1
+	}
+	return k - k0
+}
 
 // pgTicks is the CPU time, in clock ticks, of each PostgreSQL backend of
 // one system (its application_name ends with sys).
