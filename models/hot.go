@@ -68,14 +68,30 @@ func hotItem(qp string) string {
 // hotFrameBytes is the length of a payload's head and tail.
 const hotFrameBytes = `(octet_length(@head) + octet_length(@tail))`
 
-// hotOutbox is the CTEs that write the status events of the changed tasks u
-// (the CTE u, with job j joined on) to the event outbox, as one row when
+// hotJoined is the CTE uj, the changed tasks u with the columns of their
+// job that the answer and the events need, read once per task; hotJobOf,
+// after "FROM uj u", names those columns j.room_id, j.category and so on,
+// as if jobs j were joined on. Joining jobs in both the events' CTE and the
+// answer read each task's job twice: about 2 of the 32 shared buffers a
+// status report touched per task (bench/claim, BENCHMARKS.md).
+const (
+	hotJoined = `, uj AS (
+	SELECT u.*, j.room_id AS j_room_id, j.category AS j_category, j.name AS j_name, j.on_worker_loss AS j_on_worker_loss,
+		j.max_attempts AS j_max_attempts, j.on_timeout AS j_on_timeout
+	FROM u JOIN jobs j ON j.id = u.job_id
+)`
+	hotJobOf = `CROSS JOIN LATERAL (SELECT u.j_room_id AS room_id, u.j_category AS category, u.j_name AS name, u.j_on_worker_loss AS on_worker_loss,
+	u.j_max_attempts AS max_attempts, u.j_on_timeout AS on_timeout) j`
+)
+
+// hotOutbox is the CTEs that write the status events of the changed tasks
+// uj (see hotJoined) to the event outbox, as one row when
 // they fit in one payload and one row per event otherwise (see HotNotify);
 // hotNotified is the column saying whether a task's event was written. A
 // payload of k items is the sum of (item + 1) - 1 + the frame bytes long.
 // The items are built only when a channel is set.
-const hotOutbox = `, ev AS (
-	SELECT u.id, u.seq, ` + "%s" + ` AS it FROM u u JOIN jobs j ON j.id = u.job_id WHERE @channel <> ''
+const hotOutbox = hotJoined + `, ev AS (
+	SELECT u.id, u.seq, ` + "%s" + ` AS it FROM uj u ` + hotJobOf + ` WHERE @channel <> ''
 ), ob AS (
 	INSERT INTO joblib_event_outbox (payload)
 	SELECT @head || string_agg(it, ',' ORDER BY seq) || @tail FROM ev
@@ -207,7 +223,7 @@ var claimSQL = `WITH w AS (
 	RETURNING t.*
 )` + fmt.Sprintf(hotOutbox, hotItem("NULL")) + claimCounted + `
 SELECT EXISTS (SELECT 1 FROM w), ` + hotTaskCols + `, NULL::bigint AS qp, ` + hotNotified + `
-FROM (SELECT 1) one LEFT JOIN (u LEFT JOIN jobs j ON j.id = u.job_id LEFT JOIN ev ON ev.id = u.id) ON true
+FROM (SELECT 1) one LEFT JOIN (uj u ` + hotJobOf + ` LEFT JOIN ev ON ev.id = u.id) ON true
 ORDER BY u.priority DESC, u.seq`
 
 // claimArgs are claimSQL's arguments.
@@ -350,7 +366,7 @@ var claimGroupSQL = `WITH r AS (
 	RETURNING t.*
 )` + fmt.Sprintf(hotOutbox, hotItem("NULL")) + claimCounted + `
 SELECT r.worker_id, EXISTS (SELECT 1 FROM g WHERE g.worker_id = r.worker_id), true, ` + hotTaskCols + `, NULL::bigint AS qp, ` + hotNotified + `
-FROM r LEFT JOIN (u LEFT JOIN jobs j ON j.id = u.job_id LEFT JOIN ev ON ev.id = u.id) ON u.worker_id = r.worker_id
+FROM r LEFT JOIN (uj u ` + hotJobOf + ` LEFT JOIN ev ON ev.id = u.id) ON u.worker_id = r.worker_id
 ORDER BY r.ord, u.priority DESC, u.seq`
 
 // claimGroupArgs are claimGroupSQL's arguments.
@@ -588,7 +604,7 @@ func updateSQL(b, key string) string {
 	RETURNING t.*, o.status AS old_status
 )` + fmt.Sprintf(hotOutbox, hotItem("NULL")) + fmt.Sprintf(hotCounted, `SELECT old_status AS status, -1 AS d FROM u UNION ALL SELECT status, 1 FROM u`) + `
 SELECT ` + hotTaskCols + `, NULL::bigint AS qp, ` + hotNotified + `
-FROM u LEFT JOIN jobs j ON j.id = u.job_id LEFT JOIN ev ON ev.id = u.id
+FROM uj u ` + hotJobOf + ` LEFT JOIN ev ON ev.id = u.id
 ORDER BY u.seq`
 }
 
