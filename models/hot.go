@@ -575,6 +575,10 @@ type HotUpdate struct {
 // path, in one statement (a task past its deadline takes no report: the
 // sweeper times it out). A report that matches no such task changes nothing
 // and is absent from the answer. key is the condition that finds the tasks.
+// The conditions on t hold for the row the update changes, also when a
+// concurrent change came first (PostgreSQL rechecks them on the newest
+// version), and prev_status keeps that row's status for the counts
+// (migration 190).
 //
 // The statement must find its tasks by their primary key in every plan,
 // including the generic one PostgreSQL caches after five executions, which
@@ -587,22 +591,21 @@ func updateSQL(b, key string) string {
 	return `WITH b AS (
 	` + b + `
 ), u AS (
-	UPDATE tasks t SET status = b.status, updated_at = now(),
+	UPDATE tasks t SET status = b.status, prev_status = t.status, updated_at = now(),
 		started_at = CASE WHEN b.status = 'running' THEN now() ELSE t.started_at END,
 		completed_at = CASE WHEN b.status IN ('completed', 'failed', 'cancelled') THEN now() ELSE t.completed_at END,
 		error = CASE WHEN b.err <> '' THEN b.err ELSE t.error END,
 		result = COALESCE(b.result, t.result)
-	FROM b JOIN tasks o ON o.id = b.id -- o: the task as the statement's snapshot saw it
+	FROM b
 	WHERE ` + key + ` AND t.id = b.id AND (t.status || '>' || b.status) = ANY(@transitions::text[])
-		AND t.status = o.status -- so that o.status is the status this update changed (a concurrent change fails it)
 		AND (t.lost_worker_id IS NULL OR t.worker_id <> t.lost_worker_id)
 		AND (t.deadline_at IS NULL OR t.deadline_at > now()) -- a task past its deadline takes no report
 		AND EXISTS (SELECT 1 FROM workers w WHERE w.id = t.worker_id AND w.user_id = @user OFFSET 0)
 		-- a failure of a job that retries takes the general path (backoff, errors kept)
 		AND (b.status <> 'failed' OR NOT EXISTS (SELECT 1 FROM jobs rj WHERE rj.id = t.job_id AND rj.retry_backoff IS NOT NULL OFFSET 0))
 		AND ` + hotCountedQual + `
-	RETURNING t.*, o.status AS old_status
-)` + fmt.Sprintf(hotOutbox, hotItem("NULL")) + fmt.Sprintf(hotCounted, `SELECT old_status AS status, -1 AS d FROM u UNION ALL SELECT status, 1 FROM u`) + `
+	RETURNING t.*
+)` + fmt.Sprintf(hotOutbox, hotItem("NULL")) + fmt.Sprintf(hotCounted, `SELECT prev_status AS status, -1 AS d FROM u UNION ALL SELECT status, 1 FROM u`) + `
 SELECT ` + hotTaskCols + `, NULL::bigint AS qp, ` + hotNotified + `
 FROM uj u ` + hotJobOf + ` LEFT JOIN ev ON ev.id = u.id
 ORDER BY u.seq`

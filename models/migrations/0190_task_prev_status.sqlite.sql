@@ -1,0 +1,7 @@
+-- name: tasks keep the status they had before their last change
+-- down: nothing on this dialect.
+--
+-- Only PostgreSQL's status report statement uses the column (see the
+-- PostgreSQL file); SQLite has no hot statements.
+--
+-- Nothing to do on this dialect; the version is recorded all the same.
