@@ -99,8 +99,11 @@ func TestHungWorkerTaskTimesOutWhileProgressKeepsTaskAlive(t *testing.T) {
 				if reporting {
 					t.Fatalf("the reporting task timed out after %s", el)
 				}
-				if since := time.Since(lastReport); since < 2*time.Second || since > 2*time.Second+interval+time.Second {
-					t.Fatalf("the task timed out %s after its last progress, want 2s (+ one interval)", since)
+				// The upper bound is loose: under CI's load a sweep once
+				// came 1.8 s late (3.8 s after the last report). The test's
+				// point is the lower bound, and that the task does time out.
+				if since := time.Since(lastReport); since < 2*time.Second || since > 2*time.Second+interval+3*time.Second {
+					t.Fatalf("the task timed out %s after its last progress, want 2s (+ one interval, + slack for a loaded machine)", since)
 				}
 				if *tk.Error != "Task timed out: heartbeat_timeout of 2s passed without progress" {
 					t.Fatalf("error %q", *tk.Error)
