@@ -49,7 +49,10 @@ func Each(t *testing.T, fn func(t *testing.T, db *models.DB)) {
 func Open(t testing.TB, d models.Dialect) *models.DB {
 	t.Helper()
 	u := URL(t, d)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	// Generous: dozens of packages' tests migrate their own schemas at
+	// once, and on a machine whose disk stalls each DDL commit waits for
+	// its flush (a CI run once took over 30 s here).
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	db, err := models.Open(ctx, u, models.OpenOptions{})
 	if err != nil {
@@ -112,7 +115,10 @@ func URL(t testing.TB, d models.Dialect) string {
 func MigratedURL(t testing.TB, d models.Dialect) string {
 	t.Helper()
 	u := URL(t, d)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	// Generous: dozens of packages' tests migrate their own schemas at
+	// once, and on a machine whose disk stalls each DDL commit waits for
+	// its flush (a CI run once took over 30 s here).
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	db, err := models.Open(ctx, u, models.OpenOptions{})
 	if err != nil {
