@@ -104,8 +104,8 @@ func TestHungWorkerTaskTimesOutWhileProgressKeepsTaskAlive(t *testing.T) {
 					t.Fatalf("the reporting task timed out after %s", el)
 				}
 				// The upper bound is loose: under CI's load a sweep once
-				// came 1.8 s late (3.8 s after the last report). The test's
-				// point is the lower bound, and that the task does time out.
+				// came 1.8 s late. The test's point is the lower bound, and
+				// that the task does time out.
 				if since := time.Since(lastSent); since < 2*time.Second {
 					t.Fatalf("the task timed out %s after its last progress report was sent, want 2s", since)
 				}

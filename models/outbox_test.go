@@ -1,8 +1,10 @@
 package models_test
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
+	"slices"
 	"testing"
 
 	"github.com/google/uuid"
@@ -51,11 +53,7 @@ func takeOutbox(t *testing.T, db *models.DB) (rows []outboxRow, sizes []int) {
 	if err := rs.Err(); err != nil {
 		t.Fatal(err)
 	}
-	for i := 1; i < len(got); i++ { // DELETE … RETURNING has no order
-		for j := i; j > 0 && got[j].id < got[j-1].id; j-- {
-			got[j], got[j-1] = got[j-1], got[j]
-		}
-	}
+	slices.SortFunc(got, func(a, b raw) int { return cmp.Compare(a.id, b.id) }) // DELETE … RETURNING has no order
 	for _, r := range got {
 		var b struct {
 			ID    uint64    `json:"i"`
