@@ -264,12 +264,13 @@ func TestSlowBodyDoesNotSpendTheDatabaseBudget(t *testing.T) {
 	t.Parallel()
 	cfg := server.DefaultConfig()
 	// The body takes twice the budget to arrive; the budget itself leaves the
-	// statements room under -race on a loaded machine.
-	cfg.WriteDBTimeout = time.Second
+	// statements room under -race on a loaded machine (1 s once ran out on
+	// a CI machine whose disk stalled its commits).
+	cfg.WriteDBTimeout = 2 * time.Second
 	eachWith(t, []func(*setupOpts){func(o *setupOpts) { o.serverCfg = &cfg }}, func(t *testing.T, e *env) {
 		e.seed()
 		post := func(path string, body []byte, hdr ...string) int {
-			req, err := http.NewRequest("POST", e.url+path, slowBody(body, 2*time.Second))
+			req, err := http.NewRequest("POST", e.url+path, slowBody(body, 2*cfg.WriteDBTimeout))
 			if err != nil {
 				t.Fatal(err)
 			}
