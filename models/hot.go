@@ -2,6 +2,7 @@ package models
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -68,30 +69,33 @@ func hotItem(qp string) string {
 // hotFrameBytes is the length of a payload's head and tail.
 const hotFrameBytes = `(octet_length(@head) + octet_length(@tail))`
 
-// hotJoined is the CTE uj, the changed tasks u with the columns of their
-// job that the answer and the events need, read once per task; hotJobOf,
-// after "FROM uj u", names those columns j.room_id, j.category and so on,
-// as if jobs j were joined on. Joining jobs in both the events' CTE and the
-// answer read each task's job twice: about 2 of the 32 shared buffers a
-// status report touched per task (bench/claim, BENCHMARKS.md).
+// hotJobReturning, after RETURNING t.* in a hot statement's change to tasks
+// t, is the columns of the changed task's job that the answer and the
+// events need, as one array jv read by the job's key; hotJobOf, after
+// "FROM u", names them j.room_id, j.category and so on, as if jobs j were
+// joined on. So each task's job is read once, always by its key:
+//   - joined in the events' CTE and again in the answer, it was read twice
+//     (about 2 of the 32 shared buffers a status report touched per task);
+//   - joined in a CTE of its own, or in the change, the cached generic plan
+//     (which expects ten changed tasks) hashed the whole jobs table at every
+//     execution once it held a few hundred jobs, and a CTE carried every
+//     column of the tasks through two more plan nodes, which PostgreSQL
+//     sets up at every execution (bench/claim, BENCHMARKS.md).
 const (
-	hotJoined = `, uj AS (
-	SELECT u.*, j.room_id AS j_room_id, j.category AS j_category, j.name AS j_name, j.on_worker_loss AS j_on_worker_loss,
-		j.max_attempts AS j_max_attempts, j.on_timeout AS j_on_timeout
-	FROM u JOIN jobs j ON j.id = u.job_id
-)`
-	hotJobOf = `CROSS JOIN LATERAL (SELECT u.j_room_id AS room_id, u.j_category AS category, u.j_name AS name, u.j_on_worker_loss AS on_worker_loss,
-	u.j_max_attempts AS max_attempts, u.j_on_timeout AS on_timeout) j`
+	hotJobReturning = `(SELECT ARRAY[j.room_id, j.category, j.name, j.on_worker_loss, j.max_attempts::text, j.on_timeout]
+		FROM jobs j WHERE j.id = t.job_id) AS jv`
+	hotJobOf = `CROSS JOIN LATERAL (SELECT u.jv[1] AS room_id, u.jv[2] AS category, u.jv[3] AS name, u.jv[4] AS on_worker_loss,
+	u.jv[5]::integer AS max_attempts, u.jv[6] AS on_timeout) j`
 )
 
 // hotOutbox is the CTEs that write the status events of the changed tasks
-// uj (see hotJoined) to the event outbox, as one row when
+// u (with their job's columns, see hotJobReturning) to the event outbox, as one row when
 // they fit in one payload and one row per event otherwise (see HotNotify);
 // hotNotified is the column saying whether a task's event was written. A
 // payload of k items is the sum of (item + 1) - 1 + the frame bytes long.
 // The items are built only when a channel is set.
-const hotOutbox = hotJoined + `, ev AS (
-	SELECT u.id, u.seq, ` + "%s" + ` AS it FROM uj u ` + hotJobOf + ` WHERE @channel <> ''
+const hotOutbox = `, ev AS (
+	SELECT u.id, u.seq, ` + "%s" + ` AS it FROM u ` + hotJobOf + ` WHERE @channel <> ''
 ), ob AS (
 	INSERT INTO joblib_event_outbox (payload)
 	SELECT @head || string_agg(it, ',' ORDER BY seq) || @tail FROM ev
@@ -182,7 +186,7 @@ const (
 		progress_current = NULL, progress_total = NULL, progress_message = NULL, progress_at = NULL`
 )
 
-var claimCounted = fmt.Sprintf(hotCounted, `SELECT 'pending' AS status, -1 AS d FROM u UNION ALL SELECT status, 1 FROM u`)
+var claimCounted = fmt.Sprintf(hotCounted, `SELECT c.status, c.d FROM u CROSS JOIN LATERAL (VALUES ('pending', -1), (u.status, 1)) c(status, d)`)
 
 // claimSQL claims up to @limit tasks for worker @worker owned by user @user. The worker's
 // jobs are taken in the order of their first claimable task (highest
@@ -220,11 +224,10 @@ var claimSQL = `WITH w AS (
 ), u AS (
 	UPDATE tasks t SET worker_id = @worker, ` + claimSetSQL + `
 	WHERE t.id = ANY(ARRAY(SELECT id FROM picked)) AND ` + hotCountedQual + `
-	RETURNING t.*
+	RETURNING t.*, ` + hotJobReturning + `
 )` + fmt.Sprintf(hotOutbox, hotItem("NULL")) + claimCounted + `
 SELECT EXISTS (SELECT 1 FROM w), ` + hotTaskCols + `, NULL::bigint AS qp, ` + hotNotified + `
-FROM (SELECT 1) one LEFT JOIN (uj u ` + hotJobOf + ` LEFT JOIN ev ON ev.id = u.id) ON true
-ORDER BY u.priority DESC, u.seq`
+FROM (SELECT 1) one LEFT JOIN (u ` + hotJobOf + ` LEFT JOIN ev ON ev.id = u.id) ON true`
 
 // claimArgs are claimSQL's arguments.
 func claimArgs(workerID, userID uuid.UUID, limit int, start bool, n HotNotify) pgx.NamedArgs {
@@ -265,7 +268,19 @@ func (db *DB) ClaimTasksHot(ctx context.Context, workerID, userID uuid.UUID, lim
 	if err := db.queryHot(ctx, pre, claimSQL, claimArgs(workerID, userID, limit, start, n), scan); err != nil {
 		return false, nil, fmt.Errorf("claim tasks: %w", mapErr(err))
 	}
+	slices.SortFunc(ts, claimOrder)
 	return owned, ts, nil
+}
+
+// claimOrder is the order of a claim's tasks: highest priority, then oldest.
+// The hot statements return their rows in no order and the answer is sorted
+// here: a sort in the statement costs its plan two more nodes as wide as a
+// task, set up at every execution.
+func claimOrder(a, b HotTask) int {
+	if c := cmp.Compare(b.Priority, a.Priority); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.Seq, b.Seq)
 }
 
 // claimRow is one row of a claim statement: whether the worker is the
@@ -363,11 +378,10 @@ var claimGroupSQL = `WITH r AS (
 ), u AS (
 	UPDATE tasks t SET worker_id = (SELECT a.worker_id FROM assigned a WHERE a.id = t.id), ` + claimSetSQL + `
 	WHERE t.id = ANY(ARRAY(SELECT id FROM assigned)) AND ` + hotCountedQual + `
-	RETURNING t.*
+	RETURNING t.*, ` + hotJobReturning + `
 )` + fmt.Sprintf(hotOutbox, hotItem("NULL")) + claimCounted + `
 SELECT r.worker_id, EXISTS (SELECT 1 FROM g WHERE g.worker_id = r.worker_id), true, ` + hotTaskCols + `, NULL::bigint AS qp, ` + hotNotified + `
-FROM r LEFT JOIN (uj u ` + hotJobOf + ` LEFT JOIN ev ON ev.id = u.id) ON u.worker_id = r.worker_id
-ORDER BY r.ord, u.priority DESC, u.seq`
+FROM r LEFT JOIN (u ` + hotJobOf + ` LEFT JOIN ev ON ev.id = u.id) ON u.worker_id = r.worker_id`
 
 // claimGroupArgs are claimGroupSQL's arguments.
 func claimGroupArgs(userID uuid.UUID, reqs []ClaimRequest, start bool, n HotNotify) pgx.NamedArgs {
@@ -415,6 +429,9 @@ func (db *DB) ClaimGroupHot(ctx context.Context, userID uuid.UUID, reqs []ClaimR
 	}
 	if err := db.queryHot(ctx, []any{genericPlanSQL}, claimGroupSQL, claimGroupArgs(userID, reqs, start, n), scan); err != nil {
 		return nil, fmt.Errorf("group claim: %w", mapErr(err))
+	}
+	for _, a := range out {
+		slices.SortFunc(a.Tasks, claimOrder)
 	}
 	return out, nil
 }
@@ -604,11 +621,10 @@ func updateSQL(b, key string) string {
 		-- a failure of a job that retries takes the general path (backoff, errors kept)
 		AND (b.status <> 'failed' OR NOT EXISTS (SELECT 1 FROM jobs rj WHERE rj.id = t.job_id AND rj.retry_backoff IS NOT NULL OFFSET 0))
 		AND ` + hotCountedQual + `
-	RETURNING t.*
-)` + fmt.Sprintf(hotOutbox, hotItem("NULL")) + fmt.Sprintf(hotCounted, `SELECT prev_status AS status, -1 AS d FROM u UNION ALL SELECT status, 1 FROM u`) + `
+	RETURNING t.*, ` + hotJobReturning + `
+)` + fmt.Sprintf(hotOutbox, hotItem("NULL")) + fmt.Sprintf(hotCounted, `SELECT c.status, c.d FROM u CROSS JOIN LATERAL (VALUES (u.prev_status, -1), (u.status, 1)) c(status, d)`) + `
 SELECT ` + hotTaskCols + `, NULL::bigint AS qp, ` + hotNotified + `
-FROM uj u ` + hotJobOf + ` LEFT JOIN ev ON ev.id = u.id
-ORDER BY u.seq`
+FROM u ` + hotJobOf + ` LEFT JOIN ev ON ev.id = u.id`
 }
 
 // updateOneSQL is one report (@id, @status, @err, @result): a key
@@ -676,6 +692,7 @@ func (db *DB) UpdateTasksHot(ctx context.Context, ups []HotUpdate, transitions [
 	if err != nil {
 		return nil, fmt.Errorf("update task statuses: %w", mapErr(err))
 	}
+	slices.SortFunc(out, func(a, b HotTask) int { return cmp.Compare(a.Seq, b.Seq) }) // see claimOrder
 	return out, nil
 }
 

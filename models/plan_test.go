@@ -136,11 +136,28 @@ func tasksRead(p planNode) (rows float64, sorts, seqScans int) {
 	return
 }
 
+// jobsRead is what the plan reads of the jobs table: rows and sequential
+// scans.
+func jobsRead(p planNode) (rows float64, seqScans int) {
+	p.walk(func(n planNode) {
+		if n.Relation == "jobs" {
+			rows += n.Rows * n.Loops
+			if n.Type == "Seq Scan" {
+				seqScans++
+			}
+		}
+	})
+	return
+}
+
 // The claim walks an index in order and reads about as many pending rows as
 // it claims, with 100,000 pending tasks of mixed priorities and delays in
 // the worker's jobs, whether or not the planner has statistics (never a
 // sort of the pending rows, never a delayed row); queue positions cost one pass over the pending
-// tasks, not one per row of a page.
+// tasks, not one per row of a page. The hot statements read the job of each
+// task they change by its key, among a thousand other jobs: the plan cached
+// for ten changed tasks once hashed the whole jobs table at every claim and
+// report.
 func TestPlansAtScale(t *testing.T) {
 	t.Parallel()
 	db := dbtest.Open(t, models.Postgres)
@@ -153,6 +170,7 @@ func TestPlansAtScale(t *testing.T) {
 		fmt.Sprintf("INSERT INTO users (id, name) VALUES ('%s', 'planner')", user),
 		fmt.Sprintf("INSERT INTO workers (id, user_id) VALUES ('%s', '%s'), ('%s', '%s')", worker, user, alike, user),
 		fmt.Sprintf("INSERT INTO jobs (id, room_id, category, name) VALUES ('%s', 'r', 'modifiers', 'A'), ('%s', 'r', 'modifiers', 'B')", jobA, jobB),
+		"INSERT INTO jobs (id, room_id, category, name) SELECT gen_random_uuid(), 'other' || i, 'modifiers', 'C' FROM generate_series(1, 1000) i",
 		fmt.Sprintf("INSERT INTO worker_job_links (worker_id, job_id) VALUES ('%s', '%s'), ('%s', '%s'), ('%s', '%s'), ('%s', '%s')", worker, jobA, worker, jobB, alike, jobA, alike, jobB),
 		// The worker's completed history first, then the queue: half in each
 		// job, interleaved, in five priorities, a quarter of it delayed by an
@@ -181,7 +199,7 @@ func TestPlansAtScale(t *testing.T) {
 	}
 	for _, stats := range []string{"without statistics", "with statistics"} {
 		if stats == "with statistics" {
-			if _, err := db.Pool.Exec(ctx, "ANALYZE tasks"); err != nil {
+			if _, err := db.Pool.Exec(ctx, "ANALYZE tasks, jobs"); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -198,6 +216,9 @@ func TestPlansAtScale(t *testing.T) {
 					if rows > float64(10*limit+10) || sorts > 0 || seq > 0 {
 						t.Errorf("claim of %d (start %v) %s, %s: reads %.0f task rows (%d sorts, %d seq scans):\n%s", limit, start, stats, plan.name, rows, sorts, seq, p)
 					}
+					if rows, seq := jobsRead(p); rows > float64(limit+10) || seq > 0 {
+						t.Errorf("claim of %d (start %v) %s, %s: reads %.0f job rows (%d seq scans):\n%s", limit, start, stats, plan.name, rows, seq, p)
+					}
 				}
 			}
 			// A group claim of two alike workers reads about as many task rows
@@ -207,6 +228,9 @@ func TestPlansAtScale(t *testing.T) {
 				p := plan.explain(t, db, models.ClaimGroupSQL, models.ClaimGroupArgs(user, reqs, false, models.HotNotify{}))
 				if rows, sorts, seq := tasksRead(p); rows > float64(20*limit+10) || sorts > 0 || seq > 0 {
 					t.Errorf("group claim of 2 × %d %s, %s: reads %.0f task rows (%d sorts, %d seq scans):\n%s", limit, stats, plan.name, rows, sorts, seq, p)
+				}
+				if rows, seq := jobsRead(p); rows > float64(2*limit+10) || seq > 0 {
+					t.Errorf("group claim of 2 × %d %s, %s: reads %.0f job rows (%d seq scans):\n%s", limit, stats, plan.name, rows, seq, p)
 				}
 			}
 			// A report of one held task, and a batch of ten, read each by its
@@ -220,6 +244,9 @@ func TestPlansAtScale(t *testing.T) {
 				up := plan.explain(t, db, sql, args)
 				if rows, sorts, seq := tasksRead(up); rows < float64(n) || rows > 3*float64(n) || sorts > 0 || seq > 0 {
 					t.Errorf("report of %d %s, %s: reads %.0f task rows (%d sorts, %d seq scans):\n%s", n, stats, plan.name, rows, sorts, seq, up)
+				}
+				if rows, seq := jobsRead(up); rows > float64(n) || seq > 0 {
+					t.Errorf("report of %d %s, %s: reads %.0f job rows (%d seq scans):\n%s", n, stats, plan.name, rows, seq, up)
 				}
 			}
 		}
