@@ -48,7 +48,15 @@ func Each(t *testing.T, fn func(t *testing.T, db *models.DB)) {
 // end of the test.
 func Open(t testing.TB, d models.Dialect) *models.DB {
 	t.Helper()
-	u := URL(t, d)
+	db := openMigrated(t, d, URL(t, d))
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// openMigrated opens the test database at u and migrates it; the caller
+// closes it.
+func openMigrated(t testing.TB, d models.Dialect, u string) *models.DB {
+	t.Helper()
 	// Generous: dozens of packages' tests migrate their own schemas at
 	// once, and on a machine whose disk stalls each DDL commit waits for
 	// its flush (a CI run once took over 30 s here).
@@ -58,8 +66,8 @@ func Open(t testing.TB, d models.Dialect) *models.DB {
 	if err != nil {
 		t.Fatalf("open %s test database: %v", d, err)
 	}
-	t.Cleanup(func() { db.Close() })
 	if _, err := db.Migrate(ctx); err != nil {
+		db.Close()
 		t.Fatalf("migrate %s test database: %v", d, err)
 	}
 	return db
@@ -120,19 +128,7 @@ func URL(t testing.TB, d models.Dialect) string {
 func MigratedURL(t testing.TB, d models.Dialect) string {
 	t.Helper()
 	u := URL(t, d)
-	// Generous: dozens of packages' tests migrate their own schemas at
-	// once, and on a machine whose disk stalls each DDL commit waits for
-	// its flush (a CI run once took over 30 s here).
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	db, err := models.Open(ctx, u, models.OpenOptions{})
-	if err != nil {
-		t.Fatalf("open %s test database: %v", d, err)
-	}
-	defer db.Close()
-	if _, err := db.Migrate(ctx); err != nil {
-		t.Fatalf("migrate %s test database: %v", d, err)
-	}
+	openMigrated(t, d, u).Close()
 	return u
 }
 
