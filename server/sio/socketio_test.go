@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -365,7 +367,10 @@ func TestInvalidPacketsClose(t *testing.T) {
 func TestSlowHandlerDoesNotDelayPongs(t *testing.T) {
 	t.Parallel()
 	h := newTestHandler()
-	var order []int
+	var (
+		mu    sync.Mutex
+		order []int
+	)
 	release := make(chan struct{})
 	h.onEvent = func(ctx context.Context, s *Socket, ev Event, ack AckFunc) bool {
 		if ev.Name != "slow" {
@@ -376,7 +381,12 @@ func TestSlowHandlerDoesNotDelayPongs(t *testing.T) {
 		if n == 0 {
 			<-release // longer than pingInterval + pingTimeout
 		}
-		order = append(order, n) // sequential per socket: no lock needed
+		// Sequential per socket, but read by the test goroutine after the
+		// acks, which reach it through a socket the race detector cannot
+		// see as an ordering: hence the lock.
+		mu.Lock()
+		order = append(order, n)
+		mu.Unlock()
 		if ack != nil {
 			_ = ack(n)
 		}
@@ -393,8 +403,11 @@ func TestSlowHandlerDoesNotDelayPongs(t *testing.T) {
 			t.Fatalf("ack %d = %q, want %q", i, got, want)
 		}
 	}
-	if !reflect.DeepEqual(order, []int{0, 1, 2, 3, 4}) {
-		t.Fatalf("handler order %v", order)
+	mu.Lock()
+	got := slices.Clone(order)
+	mu.Unlock()
+	if !reflect.DeepEqual(got, []int{0, 1, 2, 3, 4}) {
+		t.Fatalf("handler order %v", got)
 	}
 	select {
 	case rec := <-ts.h.disconnCh:
