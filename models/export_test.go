@@ -17,11 +17,15 @@ func (db *DB) ExecRaw(sql string, args ...any) error {
 
 // Statements exposed to the external tests that read their plans.
 var (
-	ClaimSQL       = claimSQL
-	ClaimGroupSQL  = claimGroupSQL
-	SubmitSQL      = submitSQL
-	TaskSelectSQL  = taskSelect
-	TasksSelectSQL = tasksSelect
+	ClaimSQL      = claimSQL
+	ClaimGroupSQL = claimGroupSQL
+	// ClaimPlanSQL and ClaimGenericPlanSQL are the planner settings the
+	// claims run under.
+	ClaimPlanSQL        = claimPlanSQL
+	ClaimGenericPlanSQL = claimGenericPlanSQL
+	SubmitSQL           = submitSQL
+	TaskSelectSQL       = taskSelect
+	TasksSelectSQL      = tasksSelect
 	// EarliestDeadlineSQL is the idle sweep's read of task deadlines.
 	EarliestDeadlineSQL = earliestDeadlineSQL
 	// NextRunAtSQL is the leader's read of the next delayed task.

@@ -259,11 +259,11 @@ func (db *DB) ClaimTasksHot(ctx context.Context, workerID, userID uuid.UUID, lim
 	}
 	// A batch claim, or one that starts its tasks, took a custom plan at
 	// every execution (0.3 ms each): its generic plan claims as well
-	// (TestPlansAtScale), so it is forced (see genericPlanSQL). A single claim
-	// gets the generic plan from PostgreSQL's own choice.
-	var pre []any
+	// (TestPlansAtScale), so it is forced (see claimGenericPlanSQL). A single
+	// claim gets the generic plan from PostgreSQL's own choice.
+	pre := []any{claimPlanSQL}
 	if limit > 1 || start {
-		pre = []any{genericPlanSQL}
+		pre = []any{claimGenericPlanSQL}
 	}
 	if err := db.queryHot(ctx, pre, claimSQL, claimArgs(workerID, userID, limit, start, n), scan); err != nil {
 		return false, nil, fmt.Errorf("claim tasks: %w", mapErr(err))
@@ -427,7 +427,7 @@ func (db *DB) ClaimGroupHot(ctx context.Context, userID uuid.UUID, reqs []ClaimR
 		}
 		return rows.Err()
 	}
-	if err := db.queryHot(ctx, []any{genericPlanSQL}, claimGroupSQL, claimGroupArgs(userID, reqs, start, n), scan); err != nil {
+	if err := db.queryHot(ctx, []any{claimGenericPlanSQL}, claimGroupSQL, claimGroupArgs(userID, reqs, start, n), scan); err != nil {
 		return nil, fmt.Errorf("group claim: %w", mapErr(err))
 	}
 	for _, a := range out {
@@ -704,6 +704,27 @@ func (db *DB) UpdateTasksHot(ctx context.Context, ups []HotUpdate, transitions [
 // statement took 1.1 ms, 60 % of a batch report of two. Its generic plan finds
 // the tasks by key like the custom one (TestPlansAtScale).
 const genericPlanSQL = "SELECT set_config('plan_cache_mode', 'force_generic_plan', true)"
+
+// claimPlanSQL goes before every claim statement: it plans without sorts.
+// The claim order is one index's order (tasks_ready_idx), and with sorts
+// disabled only that index can deliver it, whatever the statistics say.
+// They may say the queue is empty: taken while it was (a history of
+// finished tasks, analysed between two bursts), they make every index on
+// pending tasks look empty, and the planner judged a walk over all pending
+// tasks in the smallest of them, sorted, as cheap as the index's first
+// entries: a claim then read every pending task (TestClaimsReadLittleUnder-
+// StatisticsOfAnEmptyQueue). The sorts a claim cannot do without (its few
+// jobs' heads, the group's hand-out) stay: disabling a node type makes it
+// costly, not impossible. That cost is PostgreSQL's disable_cost, 10^10 per
+// sort, and a plan that costly is compiled by the JIT at each execution (93
+// functions, 0.6 s per claim): so the JIT is off too, which a claim, a few
+// rows, never gains from. Both settings are local to the claim's implicit
+// transaction and are the planner's: the plan cached with them stays the
+// statement's.
+const claimPlanSQL = "SELECT set_config('enable_sort', 'off', true), set_config('jit', 'off', true)"
+
+// claimGenericPlanSQL is claimPlanSQL and genericPlanSQL in one statement.
+const claimGenericPlanSQL = "SELECT set_config('enable_sort', 'off', true), set_config('jit', 'off', true), set_config('plan_cache_mode', 'force_generic_plan', true)"
 
 // queryHot runs sql with args and hands its rows to scan. A pre statement,
 // when given (with its arguments), goes first in the same round trip, as one
