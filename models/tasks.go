@@ -150,6 +150,28 @@ func (q *Q) ClaimTask(workerID uuid.UUID) (Task, bool, error) {
 	return ts[0], true, nil
 }
 
+// claimPick is the query of the tasks ClaimTasks claims for the worker, up
+// to limit, and its arguments.
+//
+// On SQLite it takes the first limit entries of tasks_ready_idx of each of
+// the worker's jobs, then the first limit of those in claim order. With
+// PostgreSQL's form, one pick over all the jobs' pending tasks, SQLite read
+// every pending task of the jobs and sorted them: 13 ms per claim at 20,000
+// pending (TestSQLiteClaimReadsTheHeadsOfItsJobs). On PostgreSQL that form
+// is locked with SKIP LOCKED (the request path claims with
+// DB.ClaimTasksHot, which walks tasks_ready_idx whatever the statistics
+// say).
+func claimPick(d Dialect, workerID uuid.UUID, limit int) (string, []any) {
+	if d == SQLite {
+		return "SELECT t.id FROM worker_job_links l JOIN jobs j ON j.id = l.job_id AND j.room_id <> '@internal'" +
+			" JOIN tasks t ON t.id IN (SELECT p.id FROM tasks p WHERE p.job_id = l.job_id AND p.status = 'pending' AND NOT p.delayed" +
+			" ORDER BY p.priority DESC, p.seq LIMIT ?) WHERE l.worker_id = ? ORDER BY t.priority DESC, t.seq LIMIT ?", []any{limit, workerID, limit}
+	}
+	return "SELECT t.id FROM tasks t WHERE t.status = 'pending' AND NOT t.delayed AND t.job_id IN" +
+		" (SELECT l.job_id FROM worker_job_links l JOIN jobs j ON j.id = l.job_id WHERE l.worker_id = ? AND j.room_id <> '@internal')" +
+		" ORDER BY t.priority DESC, t.seq LIMIT ?", []any{workerID, limit}
+}
+
 // ClaimTasks atomically moves up to limit of the first claimable pending
 // tasks (highest priority, then oldest; never a delayed one) of the worker's
 // linked (non-internal) jobs to claimed for that worker, and returns them in
@@ -167,11 +189,10 @@ func (q *Q) ClaimTasks(workerID uuid.UUID, limit int, start bool) ([]Task, error
 	if start {
 		to = "status = 'running', started_at = " + q.now()
 	}
+	pick, args := claimPick(q.d, workerID, limit)
 	var ids []uuid.UUID
 	err := q.g.Raw("UPDATE tasks SET "+to+", worker_id = ?, attempt = attempt + 1, claimed_at = "+q.now()+", updated_at = "+q.now()+", deadline_at = "+q.claimDeadline()+", "+noProgress+
-		" WHERE id IN (SELECT t.id FROM tasks t WHERE t.status = 'pending' AND NOT t.delayed AND t.job_id IN"+
-		" (SELECT l.job_id FROM worker_job_links l JOIN jobs j ON j.id = l.job_id WHERE l.worker_id = ? AND j.room_id <> '@internal')"+
-		" ORDER BY t.priority DESC, t.seq LIMIT ?"+lock+") RETURNING id", workerID, workerID, limit).Scan(&ids).Error
+		" WHERE id IN ("+pick+lock+") RETURNING id", append([]any{workerID}, args...)...).Scan(&ids).Error
 	if err != nil {
 		return nil, fmt.Errorf("claim task: %w", mapErr(err))
 	}
