@@ -374,13 +374,8 @@ func TestSubmitCountsPendingOnlyNearTheQuota(t *testing.T) {
 // counts are PostgreSQL's own, per prepared statement of the one connection.
 func TestBatchStatementsRunTheirGenericPlan(t *testing.T) {
 	t.Parallel()
-	shared := dbtest.Open(t, models.Postgres)
+	db := oneConnection(t)
 	ctx := context.Background()
-	db, err := models.Open(ctx, shared.URL(), models.OpenOptions{MaxConns: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
 	user, worker, job := uuid.New(), uuid.New(), uuid.New()
 	const rounds, batch = 8, 2
 	for _, s := range []string{
@@ -435,13 +430,8 @@ func TestBatchStatementsRunTheirGenericPlan(t *testing.T) {
 // one connection tell the rows read.
 func TestClaimsReadLittleUnderStatisticsOfAnEmptyQueue(t *testing.T) {
 	t.Parallel()
-	shared := dbtest.Open(t, models.Postgres)
+	db := oneConnection(t)
 	ctx := context.Background()
-	db, err := models.Open(ctx, shared.URL(), models.OpenOptions{MaxConns: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
 	user, worker, alike := uuid.New(), uuid.New(), uuid.New()
 	jobA, jobB := uuid.New(), uuid.New()
 	for _, s := range []string{
@@ -517,4 +507,18 @@ func TestClaimsReadLittleUnderStatisticsOfAnEmptyQueue(t *testing.T) {
 			return err
 		})
 	}
+}
+
+// oneConnection is a migrated PostgreSQL test database behind a pool of one
+// connection, so that PostgreSQL's counters of that connection's session
+// and prepared statements are the test's statements'.
+func oneConnection(t *testing.T) *models.DB {
+	t.Helper()
+	shared := dbtest.Open(t, models.Postgres)
+	db, err := models.Open(context.Background(), shared.URL(), models.OpenOptions{MaxConns: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
 }
