@@ -712,15 +712,15 @@ const genericPlanSQL = "SELECT set_config('plan_cache_mode', 'force_generic_plan
 // finished tasks, analysed between two bursts), they make every index on
 // pending tasks look empty, and the planner judged a walk over all pending
 // tasks in the smallest of them, sorted, as cheap as the index's first
-// entries: a claim then read every pending task (TestClaimsReadLittleUnder-
-// StatisticsOfAnEmptyQueue). The sorts a claim cannot do without (its few
-// jobs' heads, the group's hand-out) stay: disabling a node type makes it
-// costly, not impossible. That cost is PostgreSQL's disable_cost, 10^10 per
-// sort, and a plan that costly is compiled by the JIT at each execution (93
-// functions, 0.6 s per claim): so the JIT is off too, which a claim, a few
-// rows, never gains from. Both settings are local to the claim's implicit
-// transaction and are the planner's: the plan cached with them stays the
-// statement's.
+// entries: a claim then read every pending task
+// (TestClaimsReadLittleUnderStatisticsOfAnEmptyQueue). The sorts a claim
+// cannot do without (its few jobs' heads, the group's hand-out) stay:
+// disabling a node type makes it costly, not impossible. That cost is
+// PostgreSQL's disable_cost, 10^10 per sort, and a plan that costly is
+// compiled by the JIT at each execution (93 functions, 0.6 s per claim):
+// so the JIT is off too, which a claim, a few rows, never gains from. Both
+// settings are local to the claim's implicit transaction and are the
+// planner's: the plan cached with them stays the statement's.
 const claimPlanSQL = "SELECT set_config('enable_sort', 'off', true), set_config('jit', 'off', true)"
 
 // claimGenericPlanSQL is claimPlanSQL and genericPlanSQL in one statement.
