@@ -23,7 +23,9 @@
 // /proc; the whole machine), then the ratio joblib/raw. -bus pg adds the NOTIFY
 // that serve sends to other nodes; -raw-notify puts one in each raw statement.
 //
-// On PostgreSQL one more line compares the database's work per task:
+// On PostgreSQL more lines compare the database's work per task (the
+// buffers and WAL lines need pg_stat_statements; the machine's load does
+// not move them, which makes them the figures to compare across runs):
 // "postgres backend cpu/task" is the utime+stime (from /proc/<pid>/stat,
 // read before and after each round) of every backend serving the system's
 // connections (joblib: its statements, the outbox relay and the LISTEN
@@ -134,10 +136,10 @@ type result struct {
 	// checkpointer, background writer, autovacuum) while the round ran,
 	// which serve whatever else uses the server too.
 	pg, aux time.Duration
-	// blocks is the shared buffers the statements of the round touched
-	// (pg_stat_statements: hit or read), -1 without that extension: a
-	// count of the database's work that the machine's noise does not move.
-	blocks     int64
+	// work is what the statements of the round did (pg_stat_statements:
+	// buffers hit or read, WAL written), unknown without that extension:
+	// counts of the database's work that the machine's noise does not move.
+	work       dbWork
 	claims     []time.Duration
 	statements int64
 	tasks      int
@@ -285,8 +287,11 @@ func run(ctx context.Context, o options) error {
 			fmt.Printf(" %.2f", pgRatio(jrs[i], rrs[i]))
 		}
 		fmt.Printf(") auxiliary processes/task: joblib=%.0fµs raw=%.0fµs\n", jaux, raux)
-		if jb, rb := blocksPerTask(jrs), blocksPerTask(rrs); jb > 0 && rb > 0 {
+		jb, jw, jwb, jok := workPerTask(jrs)
+		rb, rw, rwb, rok := workPerTask(rrs)
+		if jok && rok && rb > 0 && rw > 0 {
 			fmt.Printf("postgres buffer accesses/task (pg_stat_statements): joblib=%.1f raw=%.1f ratio=%.2f\n", jb, rb, jb/rb)
+			fmt.Printf("postgres WAL/task (pg_stat_statements): records joblib=%.1f raw=%.1f ratio=%.2f, bytes joblib=%.0f raw=%.0f ratio=%.2f\n", jw, rw, jw/rw, jwb, rwb, jwb/rwb)
 		}
 		fmt.Printf("ratio joblib/raw=%.2f (per round:", jt/rt)
 		for i := range jrs {
@@ -318,18 +323,23 @@ func pgPerTask(rs []result) (backends, aux float64) {
 	return float64(pg.Microseconds()) / float64(tasks), float64(ax.Microseconds()) / float64(tasks)
 }
 
-// blocksPerTask is the shared buffers touched per task over rounds; 0 when
-// a round could not count them.
-func blocksPerTask(rs []result) float64 {
-	var n int64
+// workPerTask is the database's work per task over rounds (see dbWork);
+// ok is false when a round could not count it.
+func workPerTask(rs []result) (blocks, walRecords, walBytes float64, ok bool) {
+	var w dbWork
 	var tasks int
 	for _, r := range rs {
-		if r.blocks < 0 {
-			return 0
+		if r.work.blocks < 0 {
+			return 0, 0, 0, false
 		}
-		n, tasks = n+r.blocks, tasks+r.tasks
+		w.blocks, w.walRecords, w.walBytes = w.blocks+r.work.blocks, w.walRecords+r.work.walRecords, w.walBytes+r.work.walBytes
+		tasks += r.tasks
 	}
-	return float64(n) / float64(tasks)
+	if tasks == 0 {
+		return 0, 0, 0, false
+	}
+	n := float64(tasks)
+	return float64(w.blocks) / n, float64(w.walRecords) / n, float64(w.walBytes) / n, true
 }
 
 func pgRatio(a, b result) float64 {
@@ -622,7 +632,7 @@ func (b *joblibBench) round(ctx context.Context) (result, error) {
 		return result{}, err
 	}
 	s0 := b.statements.Load()
-	c0, p0, a0, k0 := sampleCPU(), backendCPU(ctx, "j"), auxCPU(ctx), bufferAccesses(ctx)
+	c0, p0, a0, k0 := sampleCPU(), backendCPU(ctx, "j"), auxCPU(ctx), workCounters(ctx)
 	start := time.Now()
 	var progressDone func() (int64, error)
 	stopProgress := make(chan struct{})
@@ -640,7 +650,7 @@ func (b *joblibBench) round(ctx context.Context) (result, error) {
 		fmt.Printf("  progress reports: %d (%.0f/s)\n", n, float64(n)/r.elapsed.Seconds())
 	}
 	r.proc, r.machine = sampleCPU().since(c0)
-	r.pg, r.aux, r.blocks = backendCPU(ctx, "j").since(p0), auxCPU(ctx).since(a0), blocksSince(ctx, k0)
+	r.pg, r.aux, r.work = backendCPU(ctx, "j").since(p0), auxCPU(ctx).since(a0), workSince(ctx, k0)
 	if perr := perfControl(b.o.perfCtl, "disable"); perr != nil && err == nil {
 		err = perr
 	}
@@ -839,7 +849,7 @@ func (b *rawBench) round(ctx context.Context) (result, error) {
 	var failed atomic.Value
 	var wg sync.WaitGroup
 	s0 := b.statements.Load()
-	c0, p0, a0, k0 := sampleCPU(), backendCPU(ctx, "r"), auxCPU(ctx), bufferAccesses(ctx)
+	c0, p0, a0, k0 := sampleCPU(), backendCPU(ctx, "r"), auxCPU(ctx), workCounters(ctx)
 	start := time.Now()
 	for w := range b.o.workers {
 		wg.Go(func() {
@@ -865,7 +875,7 @@ func (b *rawBench) round(ctx context.Context) (result, error) {
 	wg.Wait()
 	r := result{elapsed: time.Since(start), claims: slices.Concat(lat...), statements: b.statements.Load() - s0}
 	r.proc, r.machine = sampleCPU().since(c0)
-	r.pg, r.aux, r.blocks = backendCPU(ctx, "r").since(p0), auxCPU(ctx).since(a0), blocksSince(ctx, k0)
+	r.pg, r.aux, r.work = backendCPU(ctx, "r").since(p0), auxCPU(ctx).since(a0), workSince(ctx, k0)
 	if err, _ := failed.Load().(error); err != nil {
 		return result{}, err
 	}
@@ -951,7 +961,7 @@ func (b *floorBench) round(ctx context.Context) (result, error) {
 		return result{}, fmt.Errorf("fill floor_tasks: %w", err)
 	}
 	s0 := b.statements.Load()
-	c0, p0, a0, k0 := sampleCPU(), backendCPU(ctx, "f"), auxCPU(ctx), bufferAccesses(ctx)
+	c0, p0, a0, k0 := sampleCPU(), backendCPU(ctx, "f"), auxCPU(ctx), workCounters(ctx)
 	start := time.Now()
 	claims, tasks, err := workLoop(b.o.workers, func(w int) ([]string, error) {
 		var out struct {
@@ -970,7 +980,7 @@ func (b *floorBench) round(ctx context.Context) (result, error) {
 	}, patchEach(b.c))
 	r := result{elapsed: time.Since(start), claims: claims, statements: b.statements.Load() - s0, tasks: tasks}
 	r.proc, r.machine = sampleCPU().since(c0)
-	r.pg, r.aux, r.blocks = backendCPU(ctx, "f").since(p0), auxCPU(ctx).since(a0), blocksSince(ctx, k0)
+	r.pg, r.aux, r.work = backendCPU(ctx, "f").since(p0), auxCPU(ctx).since(a0), workSince(ctx, k0)
 	if err != nil {
 		return result{}, err
 	}
@@ -1075,30 +1085,38 @@ func (c cpuSample) since(c0 cpuSample) (proc, machine time.Duration) {
 // backends is a connection for reading pg_stat_activity (PostgreSQL only).
 var backends *pgx.Conn
 
-// bufferAccesses is the shared buffers the statements of this database have
-// touched so far (pg_stat_statements, updated as each statement ends; the
-// rounds run one at a time), -1 without the extension.
-func bufferAccesses(ctx context.Context) int64 {
-	if backends == nil {
-		return -1
-	}
-	var n int64
-	err := backends.QueryRow(ctx, `SELECT coalesce(sum(shared_blks_hit + shared_blks_read), 0)::bigint FROM pg_stat_statements
-		WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&n)
-	if err != nil {
-		return -1
-	}
-	return n
+// dbWork is what the statements of this database have done so far
+// (pg_stat_statements, updated as each statement ends; the rounds run one
+// at a time): the shared buffers they touched and the WAL records and bytes
+// they wrote. Unlike CPU time, the machine's load does not move these
+// counts. All are -1 without the extension.
+type dbWork struct {
+	blocks, walRecords, walBytes int64
 }
 
-// blocksSince is the buffers touched since the count k0, -1 when either is
-// unknown.
-func blocksSince(ctx context.Context, k0 int64) int64 {
-	k := bufferAccesses(ctx)
-	if k < 0 || k0 < 0 {
-		return -1
+var unknownWork = dbWork{-1, -1, -1}
+
+func workCounters(ctx context.Context) dbWork {
+	if backends == nil {
+		return unknownWork
 	}
-	return k - k0
+	var w dbWork
+	err := backends.QueryRow(ctx, `SELECT coalesce(sum(shared_blks_hit + shared_blks_read), 0)::bigint,
+		coalesce(sum(wal_records), 0)::bigint, coalesce(sum(wal_bytes), 0)::bigint FROM pg_stat_statements
+		WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&w.blocks, &w.walRecords, &w.walBytes)
+	if err != nil {
+		return unknownWork
+	}
+	return w
+}
+
+// workSince is the work done since the counts w0, unknown when either is.
+func workSince(ctx context.Context, w0 dbWork) dbWork {
+	w := workCounters(ctx)
+	if w.blocks < 0 || w0.blocks < 0 {
+		return unknownWork
+	}
+	return dbWork{w.blocks - w0.blocks, w.walRecords - w0.walRecords, w.walBytes - w0.walBytes}
 }
 
 // pgTicks is the CPU time, in clock ticks, of each PostgreSQL backend of
