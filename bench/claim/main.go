@@ -21,7 +21,10 @@
 // statements per task and CPU per task (this process; the PostgreSQL
 // backends serving the system, told apart by application_name and read from
 // /proc; the whole machine), then the ratio joblib/raw. -bus pg adds the NOTIFY
-// that serve sends to other nodes; -raw-notify puts one in each raw statement.
+// that serve sends to other nodes; -raw-notify puts one in each raw statement;
+// -raw-shape runs the raw loop on a table shaped like joblib's tasks, with
+// two changes per task or the contract's three, which tells the cost of the
+// table and its changes from the cost of joblib's statements.
 //
 // On PostgreSQL more lines compare the database's work per task (the
 // buffers and WAL lines need pg_stat_statements; the machine's load does
@@ -80,6 +83,7 @@ type options struct {
 	perfCtl                string
 	bus                    string
 	rawNotify              bool
+	rawShape               string
 	notifyAfterCommit      bool
 	groupDelay             time.Duration
 	homeRouting            bool
@@ -105,6 +109,7 @@ func main() {
 	flag.BoolVar(&o.homeRouting, "home-routing", true, "with -nodes: each node holds a lease with its address and forwards claims and reports to the user's home node (JOBLIB_HOME_ROUTING)")
 	flag.DurationVar(&o.groupDelay, "group-commit-delay", joblib.DefaultSettings().GroupCommitDelay, "how long a lone claim or report waits for company while its user is busy (JOBLIB_GROUP_COMMIT_DELAY)")
 	flag.BoolVar(&o.rawNotify, "raw-notify", false, "the raw loop also sends a pg_notify inside each of its statements")
+	flag.StringVar(&o.rawShape, "raw-shape", "narrow", "the raw loop's table and changes: narrow (the least a task table needs, two changes per task), tasks (joblib's task columns and indexes, two changes), tasks3 (joblib's table and the contract's three changes: claimed, running, completed) or tasks3hot (tasks3 with a running change that touches no indexed column, fillfactor 80, so that PostgreSQL makes it a HOT update)")
 	flag.StringVar(&o.setupSQL, "setup-sql", "", "SQL run on joblib's schema after the migrations (experiments: an index or trigger less)")
 	flag.StringVar(&o.params, "params", "", "extra connection parameters for joblib's pool (experiments: plan_cache_mode=force_generic_plan)")
 	flag.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the joblib rounds to this file")
@@ -146,6 +151,9 @@ type result struct {
 }
 
 func run(ctx context.Context, o options) error {
+	if _, ok := rawShapes[o.rawShape]; !ok {
+		return fmt.Errorf("-raw-shape %q: want narrow, tasks, tasks3 or tasks3hot", o.rawShape)
+	}
 	switch o.flow {
 	case "contract", "batch", "socket":
 	default:
@@ -276,8 +284,11 @@ func run(ctx context.Context, o options) error {
 	jt := summary(label, jrs, db.Dialect() == models.Postgres)
 	if rb != nil {
 		name := "raw"
+		if o.rawShape != "narrow" {
+			name += "(" + o.rawShape + ")"
+		}
 		if o.rawNotify {
-			name = "raw+notify"
+			name += "+notify"
 		}
 		rt := summary(name, rrs, true)
 		jpg, jaux := pgPerTask(jrs)
@@ -804,13 +815,75 @@ type rawBench struct {
 func newRawBench(ctx context.Context, url string, o options) (*rawBench, error) {
 	b := &rawBench{o: o}
 	var err error
-	b.pool, err = taskPool(ctx, url, "raw_tasks", &b.statements)
+	b.pool, err = taskPool(ctx, url, "raw_tasks", rawShapes[o.rawShape].ddl, &b.statements)
 	return b, err
 }
 
-// taskPool opens a counted pool and creates table, the least a task table
-// needs: an id, a status with a partial index on pending, timestamps.
-func taskPool(ctx context.Context, url, table string, statements *atomic.Int64) (*pgxpool.Pool, error) {
+// rawShape is a table and change sequence for the raw loop (-raw-shape).
+// The shapes beyond narrow split joblib's PostgreSQL work per task into the
+// part any server pays for the contract's changes on joblib's table and the
+// part its own statements add (BENCHMARKS.md, fifteenth round).
+type rawShape struct {
+	ddl func(table string) string
+	// claimSet is what the claim sets besides the status, worker and
+	// claimed_at; running, when set, is a third change per task, between
+	// the claim (then to claimed) and the completion.
+	claimSet, running string
+}
+
+var rawShapes = map[string]rawShape{
+	"narrow":    {ddl: narrowTableDDL},
+	"tasks":     {ddl: tasksTableDDL(false), claimSet: rawTasksClaimSet},
+	"tasks3":    {ddl: tasksTableDDL(false), claimSet: rawTasksClaimSet, running: "status = 'running', started_at = now(), updated_at = now()"},
+	"tasks3hot": {ddl: tasksTableDDL(true), claimSet: rawTasksClaimSet, running: "prev_status = 'running', started_at = now(), updated_at = now()"},
+}
+
+// rawTasksClaimSet is what joblib's claim changes besides the status.
+const rawTasksClaimSet = ", updated_at = now(), attempt = attempt + 1, worker_id = '00000000-0000-4000-8000-000000000003'"
+
+// narrowTableDDL is the least a task table needs: an id, a status with a
+// partial index on pending, timestamps.
+func narrowTableDDL(t string) string {
+	return `CREATE TABLE ` + t + ` (id bigserial PRIMARY KEY, status text NOT NULL DEFAULT 'pending',
+		worker int, payload jsonb, claimed_at timestamptz, started_at timestamptz, completed_at timestamptz);
+		CREATE INDEX ` + t + `_pending ON ` + t + ` (id) WHERE status = 'pending'`
+}
+
+// tasksTableDDL is a table shaped like joblib's tasks (migrations up to
+// 190): its columns, and eleven indexes on the same columns and predicates,
+// a bigint key and a unique uuid standing in for its uuid key and unique
+// seq. hot gives the rows room for HOT updates on their page.
+func tasksTableDDL(hot bool) func(string) string {
+	return func(t string) string {
+		ddl := `CREATE TABLE ` + t + ` (id bigserial PRIMARY KEY, status text NOT NULL DEFAULT 'pending',
+		worker int, payload jsonb, claimed_at timestamptz, started_at timestamptz, completed_at timestamptz,
+		uid uuid NOT NULL DEFAULT gen_random_uuid(), job_id uuid NOT NULL DEFAULT '00000000-0000-4000-8000-000000000001',
+		worker_id uuid, lost_worker_id uuid, room_id text NOT NULL DEFAULT 'room-a',
+		created_by_id uuid DEFAULT '00000000-0000-4000-8000-000000000002', attempt int NOT NULL DEFAULT 0,
+		created_at timestamptz NOT NULL DEFAULT now(), updated_at timestamptz NOT NULL DEFAULT now(),
+		error text, result text, task_timeout int, heartbeat_timeout int, deadline_at timestamptz,
+		progress_current float8, progress_total float8, progress_message text, progress_at timestamptz,
+		priority int NOT NULL DEFAULT 0, run_at timestamptz, delayed boolean NOT NULL DEFAULT false, errors text, prev_status text);
+		CREATE UNIQUE INDEX ` + t + `_uid ON ` + t + ` (uid);
+		CREATE INDEX ` + t + `_pending ON ` + t + ` (id) WHERE status = 'pending';
+		CREATE INDEX ` + t + `_claim ON ` + t + ` (job_id, status, id);
+		CREATE INDEX ` + t + `_creator ON ` + t + ` (created_by_id) WHERE status = 'pending';
+		CREATE INDEX ` + t + `_deadline ON ` + t + ` (deadline_at) WHERE status IN ('claimed', 'running');
+		CREATE INDEX ` + t + `_delayed ON ` + t + ` (run_at) WHERE status = 'pending' AND delayed;
+		CREATE INDEX ` + t + `_finished ON ` + t + ` (status, completed_at) WHERE status IN ('completed', 'failed', 'cancelled');
+		CREATE INDEX ` + t + `_ready ON ` + t + ` (job_id, priority DESC, id) WHERE status = 'pending' AND NOT delayed;
+		CREATE INDEX ` + t + `_room ON ` + t + ` (room_id, created_at, id);
+		CREATE INDEX ` + t + `_worker ON ` + t + ` (worker_id, status) WHERE status IN ('claimed', 'running')`
+		if hot {
+			ddl += `;
+		ALTER TABLE ` + t + ` SET (fillfactor = 80)`
+		}
+		return ddl
+	}
+}
+
+// taskPool opens a counted pool and creates table with ddl.
+func taskPool(ctx context.Context, url, table string, ddl func(string) string, statements *atomic.Int64) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, err
@@ -821,10 +894,7 @@ func taskPool(ctx context.Context, url, table string, statements *atomic.Int64) 
 	if err != nil {
 		return nil, err
 	}
-	_, err = pool.Exec(ctx, `CREATE TABLE `+table+` (id bigserial PRIMARY KEY, status text NOT NULL DEFAULT 'pending',
-		worker int, payload jsonb, claimed_at timestamptz, started_at timestamptz, completed_at timestamptz);
-		CREATE INDEX `+table+`_pending ON `+table+` (id) WHERE status = 'pending'`)
-	if err != nil {
+	if _, err = pool.Exec(ctx, ddl(table)); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("create %s: %w", table, err)
 	}
@@ -837,13 +907,25 @@ func (b *rawBench) round(ctx context.Context) (result, error) {
 	if _, err := b.pool.Exec(ctx, "INSERT INTO raw_tasks (payload) SELECT jsonb_build_object('i', i) FROM generate_series(1, $1) i", b.o.tasks); err != nil {
 		return result{}, fmt.Errorf("fill raw_tasks: %w", err)
 	}
-	claim := `UPDATE raw_tasks SET status = 'running', worker = $1, claimed_at = now()
+	shape := rawShapes[b.o.rawShape]
+	claimed := "running"
+	if shape.running != "" {
+		claimed = "claimed"
+	}
+	claim := `UPDATE raw_tasks SET status = '` + claimed + `', worker = $1, claimed_at = now()` + shape.claimSet + `
 		WHERE id = (SELECT id FROM raw_tasks WHERE status = 'pending' ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
 		RETURNING id`
 	complete := "UPDATE raw_tasks SET status = 'completed', completed_at = now() WHERE id = $1"
+	var running string
+	if shape.running != "" {
+		running = "UPDATE raw_tasks SET " + shape.running + " WHERE id = $1"
+	}
 	if b.o.rawNotify {
 		claim = "WITH c AS (" + claim + ") SELECT id FROM c WHERE pg_notify('raw_bench', id::text)::text IS NOT NULL"
 		complete = "WITH c AS (" + complete + " RETURNING id) SELECT count(pg_notify('raw_bench', id::text)::text) FROM c"
+		if running != "" {
+			running = "WITH c AS (" + running + " RETURNING id) SELECT count(pg_notify('raw_bench', id::text)::text) FROM c"
+		}
 	}
 	lat := make([][]time.Duration, b.o.workers)
 	var failed atomic.Value
@@ -865,6 +947,12 @@ func (b *rawBench) round(ctx context.Context) (result, error) {
 					return
 				}
 				lat[w] = append(lat[w], time.Since(t0))
+				if running != "" {
+					if _, err := b.pool.Exec(ctx, running, id); err != nil {
+						failed.Store(err)
+						return
+					}
+				}
 				if _, err := b.pool.Exec(ctx, complete, id); err != nil {
 					failed.Store(err)
 					return
@@ -903,7 +991,7 @@ type floorBench struct {
 func newFloorBench(ctx context.Context, url string, o options) (*floorBench, error) {
 	b := &floorBench{o: o}
 	var err error
-	if b.pool, err = taskPool(ctx, url, "floor_tasks", &b.statements); err != nil {
+	if b.pool, err = taskPool(ctx, url, "floor_tasks", narrowTableDDL, &b.statements); err != nil {
 		return nil, err
 	}
 	mux := http.NewServeMux()
