@@ -109,7 +109,7 @@ func main() {
 	flag.BoolVar(&o.homeRouting, "home-routing", true, "with -nodes: each node holds a lease with its address and forwards claims and reports to the user's home node (JOBLIB_HOME_ROUTING)")
 	flag.DurationVar(&o.groupDelay, "group-commit-delay", joblib.DefaultSettings().GroupCommitDelay, "how long a lone claim or report waits for company while its user is busy (JOBLIB_GROUP_COMMIT_DELAY)")
 	flag.BoolVar(&o.rawNotify, "raw-notify", false, "the raw loop also sends a pg_notify inside each of its statements")
-	flag.StringVar(&o.rawShape, "raw-shape", "narrow", "the raw loop's table and changes: narrow (the least a task table needs, two changes per task), tasks (joblib's task columns and indexes, two changes), tasks3 (joblib's table and the contract's three changes: claimed, running, completed) or tasks3hot (tasks3 with a running change that touches no indexed column, fillfactor 80, so that PostgreSQL makes it a HOT update)")
+	flag.StringVar(&o.rawShape, "raw-shape", "narrow", "the raw loop's table and changes: narrow (the least a task table needs, two changes per task), tasks (joblib's task columns and indexes, two changes), tasks3 (joblib's table and the contract's three changes: claimed, running, completed) tasks3hot (tasks3 with a running change that touches no indexed column, fillfactor 80, so that PostgreSQL makes it a HOT update) or state3 (the contract's three changes on a narrow row with only the partial indexes joblib looks tasks up by: the bound of a task table split in two)")
 	flag.StringVar(&o.setupSQL, "setup-sql", "", "SQL run on joblib's schema after the migrations (experiments: an index or trigger less)")
 	flag.StringVar(&o.params, "params", "", "extra connection parameters for joblib's pool (experiments: plan_cache_mode=force_generic_plan)")
 	flag.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the joblib rounds to this file")
@@ -152,7 +152,7 @@ type result struct {
 
 func run(ctx context.Context, o options) error {
 	if _, ok := rawShapes[o.rawShape]; !ok {
-		return fmt.Errorf("-raw-shape %q: want narrow, tasks, tasks3 or tasks3hot", o.rawShape)
+		return fmt.Errorf("-raw-shape %q: want narrow, tasks, tasks3, tasks3hot or state3", o.rawShape)
 	}
 	switch o.flow {
 	case "contract", "batch", "socket":
@@ -836,6 +836,7 @@ var rawShapes = map[string]rawShape{
 	"tasks":     {ddl: tasksTableDDL(false), claimSet: rawTasksClaimSet},
 	"tasks3":    {ddl: tasksTableDDL(false), claimSet: rawTasksClaimSet, running: "status = 'running', started_at = now(), updated_at = now()"},
 	"tasks3hot": {ddl: tasksTableDDL(true), claimSet: rawTasksClaimSet, running: "prev_status = 'running', started_at = now(), updated_at = now()"},
+	"state3":    {ddl: stateTableDDL, claimSet: rawTasksClaimSet, running: "status = 'running', started_at = now(), updated_at = now()"},
 }
 
 // rawTasksClaimSet is what joblib's claim changes besides the status.
@@ -880,6 +881,28 @@ func tasksTableDDL(hot bool) func(string) string {
 		}
 		return ddl
 	}
+}
+
+// stateTableDDL is the bound of a task table split in two: the columns a
+// task's changes touch, in a narrow row with the key and the partial
+// indexes of the statuses joblib looks tasks up by (ready, held, past their
+// deadline, finished, delayed, pending per creator, pending), and none of
+// tasks' full indexes (seq, job and status, room), which would stay with the
+// wide row that the changes leave alone.
+func stateTableDDL(t string) string {
+	return `CREATE TABLE ` + t + ` (id bigserial PRIMARY KEY, status text NOT NULL DEFAULT 'pending',
+		worker int, payload jsonb, claimed_at timestamptz, started_at timestamptz, completed_at timestamptz,
+		job_id uuid NOT NULL DEFAULT '00000000-0000-4000-8000-000000000001', worker_id uuid,
+		created_by_id uuid DEFAULT '00000000-0000-4000-8000-000000000002', attempt int NOT NULL DEFAULT 0,
+		updated_at timestamptz NOT NULL DEFAULT now(), deadline_at timestamptz,
+		priority int NOT NULL DEFAULT 0, run_at timestamptz, delayed boolean NOT NULL DEFAULT false, prev_status text);
+		CREATE INDEX ` + t + `_pending ON ` + t + ` (id) WHERE status = 'pending';
+		CREATE INDEX ` + t + `_creator ON ` + t + ` (created_by_id) WHERE status = 'pending';
+		CREATE INDEX ` + t + `_deadline ON ` + t + ` (deadline_at) WHERE status IN ('claimed', 'running');
+		CREATE INDEX ` + t + `_delayed ON ` + t + ` (run_at) WHERE status = 'pending' AND delayed;
+		CREATE INDEX ` + t + `_finished ON ` + t + ` (status, completed_at) WHERE status IN ('completed', 'failed', 'cancelled');
+		CREATE INDEX ` + t + `_ready ON ` + t + ` (job_id, priority DESC, id) WHERE status = 'pending' AND NOT delayed;
+		CREATE INDEX ` + t + `_worker ON ` + t + ` (worker_id, status) WHERE status IN ('claimed', 'running')`
 }
 
 // taskPool opens a counted pool and creates table with ddl.

@@ -27,6 +27,7 @@ func TestRawShapes(t *testing.T) {
 		{shape: "tasks"},
 		{shape: "tasks3", running: true},
 		{shape: "tasks3hot", running: true, hot: true},
+		{shape: "state3", running: true},
 	} {
 		t.Run(tc.shape, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
