@@ -834,10 +834,13 @@ type rawShape struct {
 var rawShapes = map[string]rawShape{
 	"narrow":    {ddl: narrowTableDDL},
 	"tasks":     {ddl: tasksTableDDL(false), claimSet: rawTasksClaimSet},
-	"tasks3":    {ddl: tasksTableDDL(false), claimSet: rawTasksClaimSet, running: "status = 'running', started_at = now(), updated_at = now()"},
+	"tasks3":    {ddl: tasksTableDDL(false), claimSet: rawTasksClaimSet, running: rawRunningSet},
 	"tasks3hot": {ddl: tasksTableDDL(true), claimSet: rawTasksClaimSet, running: "prev_status = 'running', started_at = now(), updated_at = now()"},
-	"state3":    {ddl: stateTableDDL, claimSet: rawTasksClaimSet, running: "status = 'running', started_at = now(), updated_at = now()"},
+	"state3":    {ddl: stateTableDDL, claimSet: rawTasksClaimSet, running: rawRunningSet},
 }
+
+// rawRunningSet is the running change of the three-change shapes.
+const rawRunningSet = "status = 'running', started_at = now(), updated_at = now()"
 
 // rawTasksClaimSet is what joblib's claim changes besides the status.
 const rawTasksClaimSet = ", updated_at = now(), attempt = attempt + 1, worker_id = '00000000-0000-4000-8000-000000000003'"
@@ -866,15 +869,9 @@ func tasksTableDDL(hot bool) func(string) string {
 		progress_current float8, progress_total float8, progress_message text, progress_at timestamptz,
 		priority int NOT NULL DEFAULT 0, run_at timestamptz, delayed boolean NOT NULL DEFAULT false, errors text, prev_status text);
 		CREATE UNIQUE INDEX ` + t + `_uid ON ` + t + ` (uid);
-		CREATE INDEX ` + t + `_pending ON ` + t + ` (id) WHERE status = 'pending';
 		CREATE INDEX ` + t + `_claim ON ` + t + ` (job_id, status, id);
-		CREATE INDEX ` + t + `_creator ON ` + t + ` (created_by_id) WHERE status = 'pending';
-		CREATE INDEX ` + t + `_deadline ON ` + t + ` (deadline_at) WHERE status IN ('claimed', 'running');
-		CREATE INDEX ` + t + `_delayed ON ` + t + ` (run_at) WHERE status = 'pending' AND delayed;
-		CREATE INDEX ` + t + `_finished ON ` + t + ` (status, completed_at) WHERE status IN ('completed', 'failed', 'cancelled');
-		CREATE INDEX ` + t + `_ready ON ` + t + ` (job_id, priority DESC, id) WHERE status = 'pending' AND NOT delayed;
 		CREATE INDEX ` + t + `_room ON ` + t + ` (room_id, created_at, id);
-		CREATE INDEX ` + t + `_worker ON ` + t + ` (worker_id, status) WHERE status IN ('claimed', 'running')`
+		` + partialTaskIndexes(t)
 		if hot {
 			ddl += `;
 		ALTER TABLE ` + t + ` SET (fillfactor = 80)`
@@ -896,7 +893,14 @@ func stateTableDDL(t string) string {
 		created_by_id uuid DEFAULT '00000000-0000-4000-8000-000000000002', attempt int NOT NULL DEFAULT 0,
 		updated_at timestamptz NOT NULL DEFAULT now(), deadline_at timestamptz,
 		priority int NOT NULL DEFAULT 0, run_at timestamptz, delayed boolean NOT NULL DEFAULT false, prev_status text);
-		CREATE INDEX ` + t + `_pending ON ` + t + ` (id) WHERE status = 'pending';
+		` + partialTaskIndexes(t)
+}
+
+// partialTaskIndexes are the partial indexes of tasks (migrations up to
+// 190) on the columns of the shapes' table t: the statuses joblib looks
+// tasks up by.
+func partialTaskIndexes(t string) string {
+	return `CREATE INDEX ` + t + `_pending ON ` + t + ` (id) WHERE status = 'pending';
 		CREATE INDEX ` + t + `_creator ON ` + t + ` (created_by_id) WHERE status = 'pending';
 		CREATE INDEX ` + t + `_deadline ON ` + t + ` (deadline_at) WHERE status IN ('claimed', 'running');
 		CREATE INDEX ` + t + `_delayed ON ` + t + ` (run_at) WHERE status = 'pending' AND delayed;
@@ -945,9 +949,12 @@ func (b *rawBench) round(ctx context.Context) (result, error) {
 	}
 	if b.o.rawNotify {
 		claim = "WITH c AS (" + claim + ") SELECT id FROM c WHERE pg_notify('raw_bench', id::text)::text IS NOT NULL"
-		complete = "WITH c AS (" + complete + " RETURNING id) SELECT count(pg_notify('raw_bench', id::text)::text) FROM c"
+		notifying := func(stmt string) string {
+			return "WITH c AS (" + stmt + " RETURNING id) SELECT count(pg_notify('raw_bench', id::text)::text) FROM c"
+		}
+		complete = notifying(complete)
 		if running != "" {
-			running = "WITH c AS (" + running + " RETURNING id) SELECT count(pg_notify('raw_bench', id::text)::text) FROM c"
+			running = notifying(running)
 		}
 	}
 	lat := make([][]time.Duration, b.o.workers)
