@@ -91,6 +91,7 @@ type options struct {
 	params                 string
 	floor                  bool
 	nodes                  int
+	users                  int
 	flow                   string
 	start                  bool
 	progressRate           int
@@ -101,6 +102,7 @@ func main() {
 	var o options
 	flag.StringVar(&o.db, "db", "", "postgres:// URL (a private schema is created and dropped); empty = SQLite in a temp dir, joblib only")
 	flag.IntVar(&o.workers, "workers", 8, "concurrent workers")
+	flag.IntVar(&o.users, "users", 1, "joblib: normal users the workers belong to (worker i is user i mod N's); group commit batches the calls of one user")
 	flag.IntVar(&o.tasks, "tasks", 2000, "tasks per round")
 	flag.IntVar(&o.rounds, "rounds", 3, "rounds of each system, interleaved")
 	flag.IntVar(&o.batch, "batch", 1, "tasks per joblib claim: 1 uses POST /tasks/claim, more uses POST /tasks/claim-batch")
@@ -161,6 +163,9 @@ func run(ctx context.Context, o options) error {
 	}
 	if o.nodes < 1 || (o.nodes > 1 && o.db == "") {
 		return fmt.Errorf("-nodes %d: want 1, or more on PostgreSQL (-db)", o.nodes)
+	}
+	if o.users < 1 || o.users > o.workers {
+		return fmt.Errorf("-users %d: want 1 to -workers (%d)", o.users, o.workers)
 	}
 	if o.start && o.flow == "contract" {
 		return fmt.Errorf("-start needs -flow batch or socket (the contract's claim has no start)")
@@ -280,7 +285,7 @@ func run(ctx context.Context, o options) error {
 	if o.nodes > 1 {
 		label += fmt.Sprintf("-nodes%d", o.nodes)
 	}
-	fmt.Printf("database=%s workers=%d tasks/round=%d rounds=%d nodes=%d warmup=%t\n", db.Dialect(), o.workers, o.tasks, o.rounds, o.nodes, o.warmup)
+	fmt.Printf("database=%s workers=%d users=%d tasks/round=%d rounds=%d nodes=%d warmup=%t\n", db.Dialect(), o.workers, o.users, o.tasks, o.rounds, o.nodes, o.warmup)
 	jt := summary(label, jrs, db.Dialect() == models.Postgres)
 	if rb != nil {
 		name := "raw"
@@ -449,17 +454,30 @@ func newJoblibBench(ctx context.Context, db *models.DB, url string, statements *
 		b.nodes = append(b.nodes, n)
 	}
 	b.c = b.nodes[0].c
+	// User 0 is node 0's token, which also submits; -users adds others,
+	// worker w belonging to user w mod users.
+	tokens := []string{token}
+	for u := 1; u < o.users; u++ {
+		t, _, err := b.nodes[0].svc.CreateToken(ctx, fmt.Sprintf("bench%d", u), false)
+		if err != nil {
+			b.close()
+			return nil, err
+		}
+		tokens = append(tokens, t)
+	}
 	for w := range o.workers {
 		n := b.nodes[w%len(b.nodes)]
-		b.cs = append(b.cs, n.c)
+		c := *n.c
+		c.token = tokens[w%len(tokens)]
+		b.cs = append(b.cs, &c)
 		var job map[string]any
-		if err := n.c.do("PUT", "/rooms/bench/jobs", map[string]any{"category": "modifiers", "name": "Bench"}, &job); err != nil {
+		if err := c.do("PUT", "/rooms/bench/jobs", map[string]any{"category": "modifiers", "name": "Bench"}, &job); err != nil {
 			b.close()
 			return nil, err
 		}
 		b.wids = append(b.wids, job["worker_id"].(string))
 		if o.flow == "socket" {
-			so, err := dialBenchSocket(ctx, n.srv.URL, token)
+			so, err := dialBenchSocket(ctx, n.srv.URL, c.token)
 			if err != nil {
 				b.close()
 				return nil, err
