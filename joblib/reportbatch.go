@@ -10,20 +10,25 @@ import (
 
 // Group commit of status reports (see groupCommit). The contract has every
 // task reported one PATCH at a time (running, then completed). A batch
-// holds reports of one user (the statement checks one owner) and of
-// distinct tasks; each report gets the row its task changed, or none (the
-// general path then answers it, as for a lone report).
+// holds reports of distinct tasks, of any users (the statement checks each
+// report's task against its own user's workers): a fleet of many users'
+// workers, one or two each, shares statements as one user's fleet does.
+// Each report gets the row its task changed, or none (the general path
+// then answers it, as for a lone report).
 
 // maxReportBatch is the most reports one group commit sends.
 const maxReportBatch = 64
 
 type reportBatcher struct {
-	*groupCommit[uuid.UUID, models.HotUpdate, *models.HotTask]
+	*groupCommit[allReports, models.HotUpdate, *models.HotTask]
 }
 
-func newReportBatcher(run func(context.Context, uuid.UUID, []models.HotUpdate) ([]models.HotTask, error), delay func() time.Duration) *reportBatcher {
-	byTask := func(ctx context.Context, user uuid.UUID, ups []models.HotUpdate) ([]*models.HotTask, error) {
-		hts, err := run(ctx, user, ups)
+// allReports is the reports' one group-commit key.
+type allReports struct{}
+
+func newReportBatcher(run func(context.Context, []models.HotUpdate) ([]models.HotTask, error), delay func() time.Duration) *reportBatcher {
+	byTask := func(ctx context.Context, _ allReports, ups []models.HotUpdate) ([]*models.HotTask, error) {
+		hts, err := run(ctx, ups)
 		if err != nil {
 			return nil, err
 		}
@@ -40,9 +45,9 @@ func newReportBatcher(run func(context.Context, uuid.UUID, []models.HotUpdate) (
 	return &reportBatcher{newGroupCommit(maxReportBatch, func(up models.HotUpdate) uuid.UUID { return up.ID }, delay, byTask)}
 }
 
-// report sends up, a report of one of user's workers, with whatever other
-// reports of user are waiting, and returns the row it changed (nil when it
-// changed nothing).
-func (b *reportBatcher) report(ctx context.Context, user uuid.UUID, up models.HotUpdate) (*models.HotTask, error) {
-	return b.call(ctx, user, up)
+// report sends up, a report by up.User's worker, with whatever other
+// reports are waiting, and returns the row it changed (nil when it changed
+// nothing).
+func (b *reportBatcher) report(ctx context.Context, up models.HotUpdate) (*models.HotTask, error) {
+	return b.call(ctx, allReports{}, up)
 }

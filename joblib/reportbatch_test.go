@@ -27,7 +27,7 @@ type fakeReports struct {
 	ctxErrs []error // each batch's context error once it runs
 }
 
-func (f *fakeReports) run(ctx context.Context, _ uuid.UUID, ups []models.HotUpdate) ([]models.HotTask, error) {
+func (f *fakeReports) run(ctx context.Context, ups []models.HotUpdate) ([]models.HotTask, error) {
 	f.mu.Lock()
 	first := !f.held
 	f.held = true
@@ -56,10 +56,10 @@ func (f *fakeReports) run(ctx context.Context, _ uuid.UUID, ups []models.HotUpda
 	return out, nil
 }
 
-func (b *reportBatcher) waiting(user uuid.UUID) int {
+func (b *reportBatcher) waiting() int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if q := b.queues[user]; q != nil {
+	if q := b.queues[allReports{}]; q != nil {
 		return len(q.waiting)
 	}
 	return 0
@@ -88,7 +88,7 @@ func TestReportBatcherGroupsWaitingReports(t *testing.T) {
 	var wg sync.WaitGroup
 	call := func(i int, ctx context.Context, id uuid.UUID, status string) {
 		wg.Go(func() {
-			ht, err := b.report(ctx, user, models.HotUpdate{ID: id, Status: status})
+			ht, err := b.report(ctx, models.HotUpdate{ID: id, User: user, Status: status})
 			answers[i] = answer{ht, err}
 		})
 	}
@@ -101,7 +101,7 @@ func TestReportBatcherGroupsWaitingReports(t *testing.T) {
 		call(i, context.Background(), ids[i], "running")
 	}
 	call(6, context.Background(), ids[1], "completed") // a second report of ids[1]
-	for b.waiting(user) != 6 {
+	for b.waiting() != 6 {
 		time.Sleep(time.Millisecond)
 	}
 	close(f.release)
@@ -149,7 +149,7 @@ func TestReportBatcherFailedStatement(t *testing.T) {
 	errs := make(chan error, 3)
 	report := func(id uuid.UUID) {
 		go func() {
-			_, err := b.report(context.Background(), user, models.HotUpdate{ID: id, Status: "completed"})
+			_, err := b.report(context.Background(), models.HotUpdate{ID: id, User: user, Status: "completed"})
 			errs <- err
 		}()
 	}
@@ -157,7 +157,7 @@ func TestReportBatcherFailedStatement(t *testing.T) {
 	<-f.entered
 	report(boom)
 	report(other)
-	for b.waiting(user) != 2 {
+	for b.waiting() != 2 {
 		time.Sleep(time.Millisecond)
 	}
 	close(f.release)
@@ -173,21 +173,28 @@ func TestReportBatcherFailedStatement(t *testing.T) {
 
 }
 
-// Many concurrent reporters of several users (600 reports): every report is answered
-// with its own task, exactly once, no statement holds two users' reports or
-// a task twice, and the lead always passes on (the test would hang).
+// Many concurrent reporters of several users (600 reports): every report is
+// answered with its own task, exactly once, goes out with its own user, no
+// statement holds a task twice, statements carry several users' reports
+// together, and the lead always passes on (the test would hang).
 func TestReportBatcherUnderConcurrency(t *testing.T) {
 	var mu sync.Mutex
 	owner := map[uuid.UUID]uuid.UUID{}
 	var bad []string
-	run := func(_ context.Context, user uuid.UUID, ups []models.HotUpdate) ([]models.HotTask, error) {
+	mixed := 0 // statements holding reports of more than one user
+	run := func(_ context.Context, ups []models.HotUpdate) ([]models.HotTask, error) {
 		mu.Lock()
 		seen := map[uuid.UUID]bool{}
+		by := map[uuid.UUID]bool{}
 		for _, u := range ups {
-			if owner[u.ID] != user || seen[u.ID] {
-				bad = append(bad, fmt.Sprintf("%s in a batch of %s (twice: %v)", u.ID, user, seen[u.ID]))
+			if owner[u.ID] != u.User || seen[u.ID] {
+				bad = append(bad, fmt.Sprintf("%s sent as %s's, owned by %s (twice: %v)", u.ID, u.User, owner[u.ID], seen[u.ID]))
 			}
 			seen[u.ID] = true
+			by[u.User] = true
+		}
+		if len(by) > 1 {
+			mixed++
 		}
 		mu.Unlock()
 		time.Sleep(200 * time.Microsecond)
@@ -204,8 +211,8 @@ func TestReportBatcherUnderConcurrency(t *testing.T) {
 		user, task uuid.UUID
 	}
 	jobs := make(chan job, len(users)*perUser*2)
-	for _, u := range users {
-		for range perUser {
+	for range perUser {
+		for _, u := range users { // the users' reports interleaved
 			id := uuid.New()
 			owner[id] = u
 			// Each task reported twice, possibly at once by two reporters.
@@ -219,7 +226,7 @@ func TestReportBatcherUnderConcurrency(t *testing.T) {
 	for range reporters {
 		wg.Go(func() {
 			for j := range jobs {
-				ht, err := b.report(context.Background(), j.user, models.HotUpdate{ID: j.task, Status: "running"})
+				ht, err := b.report(context.Background(), models.HotUpdate{ID: j.task, User: j.user, Status: "running"})
 				if err != nil || ht == nil || ht.ID != j.task {
 					t.Errorf("report of %s: %+v, %v", j.task, ht, err)
 					continue
@@ -248,5 +255,8 @@ func TestReportBatcherUnderConcurrency(t *testing.T) {
 	}
 	if n := len(b.queues); n != 0 {
 		t.Errorf("%d queues left", n)
+	}
+	if mixed == 0 {
+		t.Error("no statement carried the reports of two users")
 	}
 }

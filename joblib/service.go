@@ -104,8 +104,8 @@ func New(cfg Config) *Service {
 	s.relay = newRelay(s)
 	groupDelay := func() time.Duration { return s.Settings().GroupCommitDelay }
 	s.claims = newClaimBatcher(s.db, s.hotNotify, groupDelay)
-	s.reports = newReportBatcher(func(ctx context.Context, user uuid.UUID, ups []models.HotUpdate) ([]models.HotTask, error) {
-		return s.db.UpdateTasksHot(ctx, ups, hotTransitions, user, s.hotNotify())
+	s.reports = newReportBatcher(func(ctx context.Context, ups []models.HotUpdate) ([]models.HotTask, error) {
+		return s.db.UpdateTasksHot(ctx, ups, hotTransitions, s.hotNotify())
 	}, groupDelay)
 	s.node = cfg.Node
 	if s.node.ID == "" {

@@ -67,12 +67,12 @@ func (s *Service) UpdateTasks(ctx context.Context, p Principal, ups []TaskUpdate
 			s.progress.flush(u.TaskID) // its last progress goes before its end
 		}
 		if s.hotEligible(u.Status, u.Error) {
-			hot = append(hot, toHotUpdate(u.TaskID, u.Status, u.Error, st))
+			hot = append(hot, toHotUpdate(p.ID, u.TaskID, u.Status, u.Error, st))
 		}
 	}
 	done := map[uuid.UUID]Task{}
 	if len(hot) > 0 {
-		hts, err := s.db.UpdateTasksHot(ctx, hot, hotTransitions, p.ID, s.hotNotify())
+		hts, err := s.db.UpdateTasksHot(ctx, hot, hotTransitions, s.hotNotify())
 		if err != nil {
 			return nil, err
 		}

@@ -405,9 +405,9 @@ func (s *Service) UpdateTaskReport(ctx context.Context, p Principal, u TaskUpdat
 		s.progress.flush(id) // its last progress goes before its end
 	}
 	if s.hotEligible(status, errMsg) {
-		// Sent with the other reports of p's workers that wait meanwhile
+		// Sent with the other reports that wait meanwhile, of any user
 		// (see reportBatcher).
-		ht, err := s.reports.report(ctx, p.ID, toHotUpdate(id, status, errMsg, stored))
+		ht, err := s.reports.report(ctx, toHotUpdate(p.ID, id, status, errMsg, stored))
 		if err != nil {
 			return Task{}, err
 		}
@@ -458,10 +458,11 @@ func (s *Service) hotEligible(status string, errMsg *string) bool {
 		status != models.StatusCancelled && (errMsg == nil || len(*errMsg) < hotErrorMax)
 }
 
-// toHotUpdate is a validated report in the one-statement path's form (the
-// error is kept with a terminal status only, as the general path keeps it).
-func toHotUpdate(id uuid.UUID, status string, errMsg *string, stored *string) models.HotUpdate {
-	u := models.HotUpdate{ID: id, Status: status, Result: stored}
+// toHotUpdate is a validated report by user in the one-statement path's form
+// (the error is kept with a terminal status only, as the general path keeps
+// it).
+func toHotUpdate(user, id uuid.UUID, status string, errMsg *string, stored *string) models.HotUpdate {
+	u := models.HotUpdate{ID: id, User: user, Status: status, Result: stored}
 	if errMsg != nil && taskstatus.Terminal(status) {
 		u.Error = *errMsg
 	}

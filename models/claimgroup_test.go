@@ -32,9 +32,9 @@ func TestGroupClaimHandsEachWorkerItsOwnTasks(t *testing.T) {
 	f.must(err)
 	f.must(f.q.LinkWorkerJob(other.ID, a.ID))
 	ghost := uuid.New()
-	reqs := []models.ClaimRequest{{Worker: w1, Limit: 2}, {Worker: w2, Limit: 1}, {Worker: mixed, Limit: 1}, {Worker: other.ID, Limit: 1}, {Worker: w3, Limit: 3}, {Worker: ghost, Limit: 1}}
+	reqs := []models.ClaimRequest{{Worker: w1, User: f.user, Limit: 2}, {Worker: w2, User: f.user, Limit: 1}, {Worker: mixed, User: f.user, Limit: 1}, {Worker: other.ID, User: f.user, Limit: 1}, {Worker: w3, User: f.user, Limit: 3}, {Worker: ghost, User: f.user, Limit: 1}}
 	n := wireFrame(7900)
-	as, err := db.ClaimGroupHot(context.Background(), f.user, reqs, false, n)
+	as, err := db.ClaimGroupHot(context.Background(), reqs, false, n)
 	f.must(err)
 	if len(as) != len(reqs) {
 		t.Fatalf("%d answers for %d requests", len(as), len(reqs))
@@ -132,9 +132,9 @@ func TestGroupClaimsAndSingleClaimsTakeEveryTaskOnce(t *testing.T) {
 					perm := rng.Perm(len(fleet))[:2+rng.IntN(5)]
 					reqs := make([]models.ClaimRequest, len(perm))
 					for i, p := range perm {
-						reqs[i] = models.ClaimRequest{Worker: fleet[p], Limit: 1 + rng.IntN(3)}
+						reqs[i] = models.ClaimRequest{Worker: fleet[p], User: f.user, Limit: 1 + rng.IntN(3)}
 					}
-					as, err := db.ClaimGroupHot(ctx, f.user, reqs, false, models.HotNotify{})
+					as, err := db.ClaimGroupHot(ctx, reqs, false, models.HotNotify{})
 					if err != nil {
 						errs <- err
 						return

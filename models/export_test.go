@@ -33,8 +33,8 @@ var (
 )
 
 // ClaimGroupArgs are ClaimGroupSQL's arguments.
-func ClaimGroupArgs(userID uuid.UUID, reqs []ClaimRequest, start bool, n HotNotify) pgx.NamedArgs {
-	return claimGroupArgs(userID, reqs, start, n)
+func ClaimGroupArgs(reqs []ClaimRequest, start bool, n HotNotify) pgx.NamedArgs {
+	return claimGroupArgs(reqs, start, n)
 }
 
 // ClaimArgs are ClaimSQL's arguments.
@@ -50,8 +50,8 @@ func SubmitArgs(job string, createdBy uuid.UUID, quota int) pgx.NamedArgs {
 
 // UpdateArgs are the arguments of UpdateOneSQL (one report) or
 // UpdateBatchSQL, and which of the two.
-func UpdateArgs(ups []HotUpdate, transitions []string, userID uuid.UUID, n HotNotify) (string, pgx.NamedArgs) {
-	return updateArgs(ups, transitions, userID, n)
+func UpdateArgs(ups []HotUpdate, transitions []string, n HotNotify) (string, pgx.NamedArgs) {
+	return updateArgs(ups, transitions, n)
 }
 
 // UUIDPlansDirect reports whether the pool's connections encode and scan

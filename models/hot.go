@@ -319,9 +319,11 @@ func (r *claimRow) task(n HotNotify) (HotTask, bool) {
 	return n.framed(t), true
 }
 
-// ClaimRequest is one worker's claim in a group claim (ClaimGroupHot).
+// ClaimRequest is one worker's claim in a group claim (ClaimGroupHot), by
+// User, whose worker it must be.
 type ClaimRequest struct {
 	Worker uuid.UUID
+	User   uuid.UUID
 	Limit  int
 }
 
@@ -334,9 +336,11 @@ type ClaimAnswer struct {
 	Tasks  []HotTask
 }
 
-// claimGroupSQL claims for several workers of one user @user in one
-// statement: @workers (distinct) with @limits tasks each, in that order.
-// It serves the requests whose workers are the user's and serve exactly the
+// claimGroupSQL claims for several workers in one statement: @workers
+// (distinct) with @limits tasks each, in that order, each on behalf of its
+// user in @users (one group carries the claims of many users, each checked
+// against its own). It serves the requests whose workers are their user's
+// and serve exactly the
 // (non-internal) jobs of the first such worker, the common case of a fleet of
 // alike workers; the others come back unserved. For the served ones it walks
 // their jobs' claimable tasks as claimSQL does for one worker, for the sum of
@@ -347,9 +351,11 @@ type ClaimAnswer struct {
 // workers are held in key share in seq order, the order in which a cleanup
 // locks workers, so a cleanup and a group claim cannot deadlock.
 var claimGroupSQL = `WITH r AS (
-	SELECT r.worker_id, r.n, r.ord FROM unnest(@workers::uuid[], @limits::int[]) WITH ORDINALITY AS r(worker_id, n, ord)
+	SELECT r.worker_id, r.user_id, r.n, r.ord FROM unnest(@workers::uuid[], @users::uuid[], @limits::int[]) WITH ORDINALITY AS r(worker_id, user_id, n, ord)
 ), w AS (
-	SELECT id FROM workers WHERE id = ANY(@workers::uuid[]) AND user_id = @user ORDER BY seq FOR KEY SHARE
+	SELECT id FROM workers WHERE id = ANY(@workers::uuid[])
+		AND EXISTS (SELECT 1 FROM r WHERE r.worker_id = workers.id AND r.user_id = workers.user_id)
+	ORDER BY seq FOR KEY SHARE
 ), js AS (
 	SELECT w.id, array_agg(l.job_id ORDER BY l.job_id) AS jobs
 	FROM w JOIN worker_job_links l ON l.worker_id = w.id
@@ -384,19 +390,20 @@ SELECT r.worker_id, EXISTS (SELECT 1 FROM g WHERE g.worker_id = r.worker_id), tr
 FROM r LEFT JOIN (u ` + hotJobOf + ` LEFT JOIN ev ON ev.id = u.id) ON u.worker_id = r.worker_id`
 
 // claimGroupArgs are claimGroupSQL's arguments.
-func claimGroupArgs(userID uuid.UUID, reqs []ClaimRequest, start bool, n HotNotify) pgx.NamedArgs {
+func claimGroupArgs(reqs []ClaimRequest, start bool, n HotNotify) pgx.NamedArgs {
 	workers := make([]uuid.UUID, len(reqs))
+	users := make([]uuid.UUID, len(reqs))
 	limits := make([]int32, len(reqs))
 	for i, r := range reqs {
-		workers[i], limits[i] = r.Worker, int32(r.Limit)
+		workers[i], users[i], limits[i] = r.Worker, r.User, int32(r.Limit)
 	}
-	return n.set(pgx.NamedArgs{"workers": workers, "limits": limits, "user": userID, "start": start})
+	return n.set(pgx.NamedArgs{"workers": workers, "users": users, "limits": limits, "start": start})
 }
 
-// ClaimGroupHot claims for several workers of user in one statement (see
-// claimGroupSQL): an answer per request, in order. The workers must be
-// distinct.
-func (db *DB) ClaimGroupHot(ctx context.Context, userID uuid.UUID, reqs []ClaimRequest, start bool, n HotNotify) ([]ClaimAnswer, error) {
+// ClaimGroupHot claims for several workers, each for its request's user, in
+// one statement (see claimGroupSQL): an answer per request, in order. The
+// workers must be distinct.
+func (db *DB) ClaimGroupHot(ctx context.Context, reqs []ClaimRequest, start bool, n HotNotify) ([]ClaimAnswer, error) {
 	if db.Pool == nil {
 		return nil, ErrNoHotPath
 	}
@@ -427,7 +434,7 @@ func (db *DB) ClaimGroupHot(ctx context.Context, userID uuid.UUID, reqs []ClaimR
 		}
 		return rows.Err()
 	}
-	if err := db.queryHot(ctx, []any{claimGenericPlanSQL}, claimGroupSQL, claimGroupArgs(userID, reqs, start, n), scan); err != nil {
+	if err := db.queryHot(ctx, []any{claimGenericPlanSQL}, claimGroupSQL, claimGroupArgs(reqs, start, n), scan); err != nil {
 		return nil, fmt.Errorf("group claim: %w", mapErr(err))
 	}
 	for _, a := range out {
@@ -574,20 +581,23 @@ func (db *DB) NotifyNow(ctx context.Context, channel, payload string) error {
 	return nil
 }
 
-// HotUpdate is one status report of a batch (see UpdateTasksHot). Error is
-// stored with a terminal status when not empty; Result, when not nil, is the
-// compacted JSON result stored with a completion.
+// HotUpdate is one status report of a batch (see UpdateTasksHot), by User,
+// whose worker must hold the task. Error is stored with a terminal status
+// when not empty; Result, when not nil, is the compacted JSON result stored
+// with a completion.
 type HotUpdate struct {
 	ID     uuid.UUID
+	User   uuid.UUID
 	Status string
 	Error  string
 	Result *string
 }
 
-// updateSQL applies status reports, the rows of b (id, status, err, result),
-// to the tasks that are in a state each may come from (@transitions lists
-// the allowed from/to pairs as "from>to"), held by a worker of user @user,
-// and not the late
+// updateSQL applies status reports, the rows of b (id, status, err, result,
+// by_user), to the tasks that are in a state each may come from
+// (@transitions lists the allowed from/to pairs as "from>to"), held by a
+// worker of the report's user (by_user: one batch carries the reports of
+// many users, each checked against its own), and not the late
 // report of a worker a cleanup took them from: the rules of the general
 // path, in one statement (a task past its deadline takes no report: the
 // sweeper times it out). A report that matches no such task changes nothing
@@ -617,7 +627,7 @@ func updateSQL(b, key string) string {
 	WHERE ` + key + ` AND t.id = b.id AND (t.status || '>' || b.status) = ANY(@transitions::text[])
 		AND (t.lost_worker_id IS NULL OR t.worker_id <> t.lost_worker_id)
 		AND (t.deadline_at IS NULL OR t.deadline_at > now()) -- a task past its deadline takes no report
-		AND EXISTS (SELECT 1 FROM workers w WHERE w.id = t.worker_id AND w.user_id = @user OFFSET 0)
+		AND EXISTS (SELECT 1 FROM workers w WHERE w.id = t.worker_id AND w.user_id = b.by_user OFFSET 0)
 		-- a failure of a job that retries takes the general path (backoff, errors kept)
 		AND (b.status <> 'failed' OR NOT EXISTS (SELECT 1 FROM jobs rj WHERE rj.id = t.job_id AND rj.retry_backoff IS NOT NULL OFFSET 0))
 		AND ` + hotCountedQual + `
@@ -627,44 +637,45 @@ SELECT ` + hotTaskCols + `, NULL::bigint AS qp, ` + hotNotified + `
 FROM u ` + hotJobOf + ` LEFT JOIN ev ON ev.id = u.id`
 }
 
-// updateOneSQL is one report (@id, @status, @err, @result): a key
+// updateOneSQL is one report (@id, @status, @err, @result, @user): a key
 // equality, whose generic plan PostgreSQL keeps (the batch form over arrays
 // is planned anew at every execution, which costs a single report more
 // than running it).
-var updateOneSQL = updateSQL(`SELECT @id::uuid AS id, @status::text AS status, @err::text AS err, @result::text AS result`, "t.id = @id")
+var updateOneSQL = updateSQL(`SELECT @id::uuid AS id, @status::text AS status, @err::text AS err, @result::text AS result, @user::uuid AS by_user`, "t.id = @id")
 
-// updateBatchSQL is many reports: @ids, @statuses, @errs and @results are
-// parallel arrays.
-var updateBatchSQL = updateSQL(`SELECT * FROM unnest(@ids::uuid[], @statuses::text[], @errs::text[], @results::text[]) AS b(id, status, err, result)`, "t.id = ANY(@ids::uuid[])")
+// updateBatchSQL is many reports: @ids, @statuses, @errs, @results and
+// @users are parallel arrays.
+var updateBatchSQL = updateSQL(`SELECT * FROM unnest(@ids::uuid[], @statuses::text[], @errs::text[], @results::text[], @users::uuid[]) AS b(id, status, err, result, by_user)`, "t.id = ANY(@ids::uuid[])")
 
 // updateArgs are the arguments of updateOneSQL (one report) or
 // updateBatchSQL (several, which must be in id order), and which of the two.
-func updateArgs(ups []HotUpdate, transitions []string, userID uuid.UUID, n HotNotify) (string, pgx.NamedArgs) {
-	a := n.set(pgx.NamedArgs{"user": userID, "transitions": transitions})
+func updateArgs(ups []HotUpdate, transitions []string, n HotNotify) (string, pgx.NamedArgs) {
+	a := n.set(pgx.NamedArgs{"transitions": transitions})
 	if len(ups) == 1 {
 		u := ups[0]
-		a["id"], a["status"], a["err"], a["result"] = u.ID, u.Status, u.Error, u.Result
+		a["id"], a["status"], a["err"], a["result"], a["user"] = u.ID, u.Status, u.Error, u.Result, u.User
 		return updateOneSQL, a
 	}
 	ids := make([]uuid.UUID, len(ups))
 	statuses := make([]string, len(ups))
 	errs := make([]string, len(ups))
 	results := make([]*string, len(ups))
+	users := make([]uuid.UUID, len(ups))
 	for i, u := range ups {
-		ids[i], statuses[i], errs[i], results[i] = u.ID, u.Status, u.Error, u.Result
+		ids[i], statuses[i], errs[i], results[i], users[i] = u.ID, u.Status, u.Error, u.Result, u.User
 	}
-	a["ids"], a["statuses"], a["errs"], a["results"] = ids, statuses, errs, results
+	a["ids"], a["statuses"], a["errs"], a["results"], a["users"] = ids, statuses, errs, results, users
 	return updateBatchSQL, a
 }
 
-// UpdateTasksHot applies status reports by user's workers in one statement
-// and returns the tasks it changed (in seq order; the reports
+// UpdateTasksHot applies status reports in one statement, each by the
+// worker of its user, and returns the tasks it changed (in seq order; the reports
 // that changed nothing are absent: the caller takes the general path for
 // each, which tells the reason). transitions lists the allowed changes as
 // "from>to". The ids must be distinct; they are sent in id order, so that
 // two batches lock shared rows in the same order. A batch PostgreSQL aborts
 // as a deadlock victim changed nothing and comes back empty.
-func (db *DB) UpdateTasksHot(ctx context.Context, ups []HotUpdate, transitions []string, userID uuid.UUID, n HotNotify) ([]HotTask, error) {
+func (db *DB) UpdateTasksHot(ctx context.Context, ups []HotUpdate, transitions []string, n HotNotify) ([]HotTask, error) {
 	if db.Pool == nil {
 		return nil, ErrNoHotPath
 	}
@@ -673,7 +684,7 @@ func (db *DB) UpdateTasksHot(ctx context.Context, ups []HotUpdate, transitions [
 		ups = slices.SortedFunc(slices.Values(ups), func(a, b HotUpdate) int { return bytes.Compare(a.ID[:], b.ID[:]) })
 		pre = append(pre, genericPlanSQL) // the array form: see genericPlanSQL
 	}
-	sql, args := updateArgs(ups, transitions, userID, n)
+	sql, args := updateArgs(ups, transitions, n)
 	var out []HotTask
 	scan := func(rows pgx.Rows) error {
 		for rows.Next() {

@@ -61,9 +61,9 @@ func TestHotStatementsAnswerInClaimOrder(t *testing.T) {
 
 	ups := make([]models.HotUpdate, len(order))
 	for i, id := range order {
-		ups[i] = models.HotUpdate{ID: id, Status: models.StatusRunning}
+		ups[i] = models.HotUpdate{ID: id, User: f.user, Status: models.StatusRunning}
 	}
-	reported, err := db.UpdateTasksHot(ctx, ups, []string{"claimed>running"}, f.user, models.HotNotify{})
+	reported, err := db.UpdateTasksHot(ctx, ups, []string{"claimed>running"}, models.HotNotify{})
 	f.must(err)
 	seqOf := map[uuid.UUID]int64{}
 	bySeq := make([]uuid.UUID, len(got))
@@ -76,7 +76,7 @@ func TestHotStatementsAnswerInClaimOrder(t *testing.T) {
 	b := f.job("OrderB", "fail", 1)
 	w1, w2 := f.worker(b), f.worker(b)
 	order = queue(b)
-	as, err := db.ClaimGroupHot(ctx, f.user, []models.ClaimRequest{{Worker: w1, Limit: 3}, {Worker: w2, Limit: 3}}, false, models.HotNotify{})
+	as, err := db.ClaimGroupHot(ctx, []models.ClaimRequest{{Worker: w1, User: f.user, Limit: 3}, {Worker: w2, User: f.user, Limit: 3}}, false, models.HotNotify{})
 	f.must(err)
 	same("group claim, first worker", as[0].Tasks, order[:3])
 	same("group claim, second worker", as[1].Tasks, order[3:])

@@ -105,11 +105,11 @@ func TestHotStatementWritesItsEventsAsOneRowWhileTheyFit(t *testing.T) {
 	ups := func(status string) []models.HotUpdate {
 		var u []models.HotUpdate
 		for _, id := range ids {
-			u = append(u, models.HotUpdate{ID: id, Status: status})
+			u = append(u, models.HotUpdate{ID: id, User: f.user, Status: status})
 		}
 		return u
 	}
-	hts, err = db.UpdateTasksHot(ctx, ups(models.StatusRunning), []string{"claimed>running"}, f.user, wireFrame(sizes[0]))
+	hts, err = db.UpdateTasksHot(ctx, ups(models.StatusRunning), []string{"claimed>running"}, wireFrame(sizes[0]))
 	f.must(err)
 	if len(hts) != 9 {
 		t.Fatalf("updated %d tasks, want 9", len(hts))
@@ -124,7 +124,7 @@ func TestHotStatementWritesItsEventsAsOneRowWhileTheyFit(t *testing.T) {
 		}
 	}
 	// A limit no event fits in writes nothing, and says so.
-	hts, err = db.UpdateTasksHot(ctx, ups(models.StatusCompleted), []string{"running>completed"}, f.user, wireFrame(40))
+	hts, err = db.UpdateTasksHot(ctx, ups(models.StatusCompleted), []string{"running>completed"}, wireFrame(40))
 	f.must(err)
 	if len(hts) != 9 {
 		t.Fatalf("completed %d tasks, want 9", len(hts))

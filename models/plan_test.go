@@ -246,8 +246,8 @@ func TestPlansAtScale(t *testing.T) {
 			// A group claim of two alike workers reads about as many task rows
 			// as it claims, as the single claim does.
 			for _, limit := range []int{1, 10} {
-				reqs := []models.ClaimRequest{{Worker: worker, Limit: limit}, {Worker: alike, Limit: limit}}
-				p, jit := explainAs(t, db, plan.generic, models.ClaimGenericPlanSQL, models.ClaimGroupSQL, models.ClaimGroupArgs(user, reqs, false, models.HotNotify{}))
+				reqs := []models.ClaimRequest{{Worker: worker, User: user, Limit: limit}, {Worker: alike, User: user, Limit: limit}}
+				p, jit := explainAs(t, db, plan.generic, models.ClaimGenericPlanSQL, models.ClaimGroupSQL, models.ClaimGroupArgs(reqs, false, models.HotNotify{}))
 				if rows, sorts, seq := tasksRead(p); rows > float64(20*limit+10) || sorts > 0 || seq > 0 || jit {
 					t.Errorf("group claim of 2 × %d %s, %s: reads %.0f task rows (%d sorts, %d seq scans, JIT %v):\n%s", limit, stats, plan.name, rows, sorts, seq, jit, p)
 				}
@@ -260,9 +260,9 @@ func TestPlansAtScale(t *testing.T) {
 			for _, n := range []int{1, len(held)} {
 				ups := make([]models.HotUpdate, n)
 				for i := range n {
-					ups[i] = models.HotUpdate{ID: held[i], Status: "completed"}
+					ups[i] = models.HotUpdate{ID: held[i], User: user, Status: "completed"}
 				}
-				sql, args := models.UpdateArgs(ups, []string{"running>completed"}, user, models.HotNotify{})
+				sql, args := models.UpdateArgs(ups, []string{"running>completed"}, models.HotNotify{})
 				up := plan.explain(t, db, sql, args)
 				if rows, sorts, seq := tasksRead(up); rows < float64(n) || rows > 3*float64(n) || sorts > 0 || seq > 0 {
 					t.Errorf("report of %d %s, %s: reads %.0f task rows (%d sorts, %d seq scans):\n%s", n, stats, plan.name, rows, sorts, seq, up)
@@ -396,9 +396,9 @@ func TestBatchStatementsRunTheirGenericPlan(t *testing.T) {
 		}
 		ups := make([]models.HotUpdate, len(ts))
 		for i, tk := range ts {
-			ups[i] = models.HotUpdate{ID: tk.ID, Status: "running"}
+			ups[i] = models.HotUpdate{ID: tk.ID, User: user, Status: "running"}
 		}
-		got, err := db.UpdateTasksHot(ctx, ups, []string{"claimed>running"}, user, models.HotNotify{})
+		got, err := db.UpdateTasksHot(ctx, ups, []string{"claimed>running"}, models.HotNotify{})
 		if err != nil || len(got) != batch {
 			t.Fatalf("report: %d changed, %v", len(got), err)
 		}
@@ -498,7 +498,7 @@ func TestClaimsReadLittleUnderStatisticsOfAnEmptyQueue(t *testing.T) {
 			return err
 		})
 		check(fmt.Sprintf("group claim %d of 2 × 10", i+1), 20, func() error {
-			as, err := db.ClaimGroupHot(ctx, user, []models.ClaimRequest{{Worker: worker, Limit: 10}, {Worker: alike, Limit: 10}}, false, models.HotNotify{})
+			as, err := db.ClaimGroupHot(ctx, []models.ClaimRequest{{Worker: worker, User: user, Limit: 10}, {Worker: alike, User: user, Limit: 10}}, false, models.HotNotify{})
 			for _, a := range as {
 				if err == nil && (!a.Served || len(a.Tasks) != 10) {
 					err = fmt.Errorf("served %v, %d tasks", a.Served, len(a.Tasks))

@@ -17,10 +17,10 @@ func TestPositionalMatchesPgxRewrite(t *testing.T) {
 	ctx := context.Background()
 	n := HotNotify{Channel: "c", Head: "h", Open: "o", Middle: "m", Close: "c", Tail: "t", RoomPrefix: "room:", MaxBytes: 8000, ID: 7}
 	result := "r"
-	one := []HotUpdate{{ID: uuid.New(), Status: "running"}}
-	two := append(one, HotUpdate{ID: uuid.New(), Status: "completed", Result: &result})
-	single, singleArgs := updateArgs(one, []string{"claimed>running"}, uuid.New(), n)
-	batch, batchArgs := updateArgs(two, []string{"claimed>running"}, uuid.New(), n)
+	one := []HotUpdate{{ID: uuid.New(), User: uuid.New(), Status: "running"}}
+	two := append(one, HotUpdate{ID: uuid.New(), User: uuid.New(), Status: "completed", Result: &result})
+	single, singleArgs := updateArgs(one, []string{"claimed>running"}, n)
+	batch, batchArgs := updateArgs(two, []string{"claimed>running"}, n)
 	missing := claimArgs(uuid.New(), uuid.New(), 3, false, n)
 	delete(missing, "limit")
 	for name, c := range map[string]struct {
