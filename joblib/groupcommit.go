@@ -11,7 +11,7 @@ import (
 // Group commit (PostgreSQL). A worker's everyday call (a status report, a
 // claim) is one statement, whose execution start-up, commit and round trip
 // are paid per call. A call that arrives while another call of the same key
-// (the same user, for claims also the same claim mode) is in the database
+// (reports; claims of the same claim mode; of any user) is in the database
 // waits for it and goes out with every call that queued meanwhile, as one
 // statement: under load the calls of many workers share a statement and a
 // commit, and a call that finds nothing in flight goes out at once, alone.
@@ -25,9 +25,10 @@ import (
 // the fixed cost again. So a call that would go alone first waits the delay
 // (as PostgreSQL's commit_delay does for commits) and takes along the calls
 // that arrived meanwhile, but only while its key is busy: when one of the
-// key's batches in the last sharedWindow carried more than one call. A lone
-// worker's calls come one after the other and never share a batch, so they
-// never wait; nor do those of a key that has gone quiet.
+// key's batches in the last sharedWindow carried more than one call. The
+// calls of a node with one busy worker come one after the other and never
+// share a batch, so they never wait; nor do those of a key that has gone
+// quiet.
 
 // groupCommit batches calls of type R, answered with A, per key K.
 type groupCommit[K comparable, R, A any] struct {
