@@ -9,6 +9,19 @@ import (
 	"github.com/zndraw/joblib/models"
 )
 
+// aliceAndBob is a fixture of alice (f.user) with a worker aw on job j, and
+// bob, a second user of the same database, with no worker yet.
+func aliceAndBob(t *testing.T) (*models.DB, *fixture, *fixture, models.Job, uuid.UUID) {
+	t.Helper()
+	db := dbtest.Open(t, models.Postgres)
+	f := newFixture(t, db)
+	u, err := f.q.CreateUser("bob", false)
+	f.must(err)
+	bob := &fixture{t: t, db: db, q: f.q, user: u.ID}
+	j := f.job("Mixed", "fail", 1)
+	return db, f, bob, j, f.worker(j)
+}
+
 // One batch of status reports carries the reports of several users, and
 // checks each against its own user: alice's and bob's reports of the tasks
 // their workers hold are applied, whichever comes first in the batch, and a
@@ -16,16 +29,9 @@ import (
 // (the caller's general path then refuses it).
 func TestReportBatchChecksEachReportsOwnUser(t *testing.T) {
 	t.Parallel()
-	db := dbtest.Open(t, models.Postgres)
+	db, f, bob, j, aw := aliceAndBob(t)
 	ctx := context.Background()
-	f := newFixture(t, db)
-	bob, err := f.q.CreateUser("bob", false)
-	f.must(err)
-	j := f.job("Mixed", "fail", 1)
-	aw := f.worker(j)
-	bw, err := f.q.InsertWorker(bob.ID)
-	f.must(err)
-	f.must(f.q.LinkWorkerJob(bw.ID, j.ID))
+	bw := bob.worker(j)
 	for range 4 {
 		f.task(j)
 	}
@@ -37,18 +43,18 @@ func TestReportBatchChecksEachReportsOwnUser(t *testing.T) {
 		}
 		return []uuid.UUID{ts[0].ID, ts[1].ID}
 	}
-	alices, bobs := claim(aw, f.user), claim(bw.ID, bob.ID)
+	alices, bobs := claim(aw, f.user), claim(bw, bob.user)
 
 	for _, order := range [][]models.HotUpdate{
 		{ // bob's first
-			{ID: bobs[0], User: bob.ID, Status: models.StatusRunning},
+			{ID: bobs[0], User: bob.user, Status: models.StatusRunning},
 			{ID: alices[0], User: f.user, Status: models.StatusRunning},
 			{ID: bobs[1], User: f.user, Status: models.StatusRunning}, // alice, on bob's task
 		},
 		{ // alice's first
 			{ID: alices[1], User: f.user, Status: models.StatusRunning},
-			{ID: alices[0], User: bob.ID, Status: models.StatusCompleted}, // bob, on alice's task
-			{ID: bobs[0], User: bob.ID, Status: models.StatusCompleted},
+			{ID: alices[0], User: bob.user, Status: models.StatusCompleted}, // bob, on alice's task
+			{ID: bobs[0], User: bob.user, Status: models.StatusCompleted},
 		},
 	} {
 		got, err := db.UpdateTasksHot(ctx, order, []string{"claimed>running", "running>completed"}, models.HotNotify{})
@@ -87,25 +93,15 @@ func TestReportBatchChecksEachReportsOwnUser(t *testing.T) {
 // refuses it), wherever it stands in the group.
 func TestGroupClaimChecksEachRequestsOwnUser(t *testing.T) {
 	t.Parallel()
-	db := dbtest.Open(t, models.Postgres)
+	db, f, bob, j, aw := aliceAndBob(t)
 	ctx := context.Background()
-	f := newFixture(t, db)
-	bob, err := f.q.CreateUser("bob", false)
-	f.must(err)
-	j := f.job("MixedClaim", "fail", 1)
-	aw := f.worker(j)
-	bw, err := f.q.InsertWorker(bob.ID)
-	f.must(err)
-	f.must(f.q.LinkWorkerJob(bw.ID, j.ID))
-	bw2, err := f.q.InsertWorker(bob.ID)
-	f.must(err)
-	f.must(f.q.LinkWorkerJob(bw2.ID, j.ID))
+	bw, bw2 := bob.worker(j), bob.worker(j)
 	for range 8 {
 		f.task(j)
 	}
 	reqs := []models.ClaimRequest{
-		{Worker: bw.ID, User: bob.ID, Limit: 2},
-		{Worker: bw2.ID, User: f.user, Limit: 1}, // alice, for bob's worker
+		{Worker: bw, User: bob.user, Limit: 2},
+		{Worker: bw2, User: f.user, Limit: 1}, // alice, for bob's worker
 		{Worker: aw, User: f.user, Limit: 3},
 	}
 	as, err := db.ClaimGroupHot(ctx, reqs, false, models.HotNotify{})
@@ -127,7 +123,7 @@ func TestGroupClaimChecksEachRequestsOwnUser(t *testing.T) {
 		}
 	}
 	var held int
-	f.must(db.Pool.QueryRow(ctx, "SELECT count(*) FROM tasks WHERE worker_id = $1", bw2.ID).Scan(&held))
+	f.must(db.Pool.QueryRow(ctx, "SELECT count(*) FROM tasks WHERE worker_id = $1", bw2).Scan(&held))
 	if held != 0 {
 		t.Errorf("bob's second worker holds %d tasks claimed in alice's name", held)
 	}
