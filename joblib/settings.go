@@ -139,9 +139,9 @@ type Settings struct {
 	// the change would cause (see BENCHMARKS.md).
 	NotifyAfterCommit bool `env:"NOTIFY_AFTER_COMMIT" envDefault:"false"`
 	// GroupCommitDelay (PostgreSQL) is how long a claim or status report
-	// that would go to the database alone waits for others of its user to
-	// share its statement, while that user's calls are already sharing
-	// statements (see groupCommit). 0 sends lone calls at once.
+	// that would go to the database alone waits for others of its kind (of
+	// any user) to share its statement, while such calls are already
+	// sharing statements (see groupCommit). 0 sends lone calls at once.
 	GroupCommitDelay time.Duration `env:"GROUP_COMMIT_DELAY" envDefault:"300us"`
 }
 

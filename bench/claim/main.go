@@ -102,7 +102,7 @@ func main() {
 	var o options
 	flag.StringVar(&o.db, "db", "", "postgres:// URL (a private schema is created and dropped); empty = SQLite in a temp dir, joblib only")
 	flag.IntVar(&o.workers, "workers", 8, "concurrent workers")
-	flag.IntVar(&o.users, "users", 1, "joblib: normal users the workers belong to (worker i is user i mod N's); group commit batches the calls of one user")
+	flag.IntVar(&o.users, "users", 1, "joblib: normal users the workers belong to (worker i is user i mod N's), as a fleet of many users runs")
 	flag.IntVar(&o.tasks, "tasks", 2000, "tasks per round")
 	flag.IntVar(&o.rounds, "rounds", 3, "rounds of each system, interleaved")
 	flag.IntVar(&o.batch, "batch", 1, "tasks per joblib claim: 1 uses POST /tasks/claim, more uses POST /tasks/claim-batch")
